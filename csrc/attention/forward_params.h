@@ -1,0 +1,37 @@
+// Plain-C++ description of one attention forward call. Shared by the torch op
+// (attention_ops.cpp) and the kernel files, which must not include torch headers
+// (they compile much faster without them).
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace tk::attention {
+
+enum class ElementType { bf16, fp16 };
+
+struct ForwardParams {
+    // Layouts are (batch, heads, length, head_dim); the last dim is contiguous and
+    // every other stride (in elements) is a multiple of 8, base pointers 16-byte aligned.
+    const void* q;  // (B, Hq,  Lq, D)
+    const void* k;  // (B, Hkv, Lk, D)
+    const void* v;  // (B, Hkv, Lk, D)
+    void* o;        // (B, Hq,  Lq, D), same strides rules
+    float* lse;     // (B, Hq,  Lq) contiguous fp32: natural-log log-sum-exp of scaled scores
+
+    int64_t q_stride_b, q_stride_h, q_stride_l;
+    int64_t k_stride_b, k_stride_h, k_stride_l;
+    int64_t v_stride_b, v_stride_h, v_stride_l;
+    int64_t o_stride_b, o_stride_h, o_stride_l;
+
+    int batch, heads_q, heads_kv;  // heads_q % heads_kv == 0 (GQA/MQA)
+    int len_q, len_kv;             // >= 1, arbitrary
+    int head_dim;                  // 64 or 128
+    float scale;                   // softmax scale applied to q.k
+    bool causal;                   // top-left aligned: key j visible to query i iff j <= i
+    ElementType dtype;
+};
+
+// mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
+cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
+
+}  // namespace tk::attention

@@ -1,0 +1,114 @@
+// Pure index arithmetic of the tile core: shared-memory swizzles and register
+// fragment coordinates. Everything here is constexpr and callable from host code,
+// so it is unit-tested on the CPU (tests/cpp/test_layout_math.cpp) without a GPU.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KITTENS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define KITTENS_HOST_DEVICE inline
+#endif
+
+namespace kittens::layout_math {
+
+// Edge of the smallest tile the core works with (one tensor-core fragment).
+inline constexpr int TILE_DIM = 16;
+
+KITTENS_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+KITTENS_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------
+// Shared tiles.
+//
+// A shared tile of `rows x cols` elements is stored as column panels whose row is
+// exactly `swizzle_bytes` wide (the largest of 128/64/32 bytes that divides the tile
+// width). Each panel is `rows` contiguous panel-rows. Inside a panel the 16-byte
+// chunks of a row are XOR-permuted by the row index: this is the layout the Hopper
+// TMA engine and wgmma descriptors call 128B/64B/32B swizzle, and it makes the
+// eight 16-byte row reads of an ldmatrix hit eight distinct bank groups.
+// The pattern repeats every 8 (128B), 4... rows; the tile base must be aligned to
+// the pattern period (1024 bytes covers all three modes).
+// ---------------------------------------------------------------------------
+
+KITTENS_HOST_DEVICE constexpr int swizzle_bytes_for_width(int width_bytes) {
+    return width_bytes % 128 == 0 ? 128 : width_bytes % 64 == 0 ? 64 : 32;
+}
+
+// XOR permutation of 16-byte chunks inside a swizzle atom. `offset` is a byte
+// offset from a 1024-byte aligned base.
+KITTENS_HOST_DEVICE constexpr uint32_t swizzle(uint32_t offset, int swizzle_bytes) {
+    // Bits [4, 4+log2(swizzle_bytes/16)) (the chunk in the row) are XORed with the
+    // same number of bits starting at bit 7.
+    const uint32_t mask = swizzle_bytes == 128 ? 7u : swizzle_bytes == 64 ? 3u : 1u;
+    return offset ^ (((offset >> 7) & mask) << 4);
+}
+
+// Byte offset of element (row, col) in a shared tile, swizzle included.
+KITTENS_HOST_DEVICE constexpr uint32_t shared_tile_offset(int row, int col, int rows, int cols,
+                                                          int element_bytes) {
+    const int swz = swizzle_bytes_for_width(cols * element_bytes);
+    const int panel_cols = swz / element_bytes;
+    const int panel = col / panel_cols;
+    const int col_in_panel = col % panel_cols;
+    const uint32_t linear = uint32_t(panel) * uint32_t(rows) * uint32_t(swz) +
+                            uint32_t(row) * uint32_t(swz) + uint32_t(col_in_panel * element_bytes);
+    return swizzle(linear, swz);
+}
+
+// 4-byte bank (0..31) of a shared byte offset.
+KITTENS_HOST_DEVICE constexpr int bank_of(uint32_t offset) { return int((offset / 4) % 32); }
+
+// ---------------------------------------------------------------------------
+// Register fragments.
+//
+// A 16x16 base tile is spread over the 32 lanes of a warp: each lane holds four
+// packed pairs (register k = 0..3, element h = 0..1 of the pair). `row` layout
+// is the mma.sync A-operand / accumulator fragment: pairs run along a row.
+// `col` layout is its transpose pattern (the mma.sync B-operand fragment): pairs
+// run along a column. Register k covers the 8x8 quadrant (k % 2, k / 2) in
+// (row-block, col-block) order for both layouts.
+// ---------------------------------------------------------------------------
+
+enum class frag_layout { row, col };
+
+KITTENS_HOST_DEVICE constexpr int fragment_row(frag_layout l, int lane, int k, int h) {
+    return l == frag_layout::row ? lane / 4 + 8 * (k % 2) : 2 * (lane % 4) + h + 8 * (k % 2);
+}
+KITTENS_HOST_DEVICE constexpr int fragment_col(frag_layout l, int lane, int k, int h) {
+    return l == frag_layout::row ? 2 * (lane % 4) + h + 8 * (k / 2) : lane / 4 + 8 * (k / 2);
+}
+
+// Register vectors hold one value per row (or per column) of a tile. A lane holds
+// either the two indices lane/4 and lane/4+8 of each 16 ("pairs": shared by the
+// four lanes of a quad) or the four indices 2*(lane%4)+{0,1}, +8 ("quads": shared
+// by the eight lanes with equal lane%4).
+enum class vec_layout { pairs, quads };
+
+KITTENS_HOST_DEVICE constexpr int vec_slots(vec_layout v) { return v == vec_layout::pairs ? 2 : 4; }
+KITTENS_HOST_DEVICE constexpr int vec_index(vec_layout v, int lane, int slot) {
+    return v == vec_layout::pairs ? lane / 4 + 8 * slot : 2 * (lane % 4) + slot % 2 + 8 * (slot / 2);
+}
+
+// Which vector layout holds one value per row (resp. column) of a tile of layout l,
+// and which slot of that vector belongs to fragment element (k, h).
+KITTENS_HOST_DEVICE constexpr vec_layout per_row_vec(frag_layout l) {
+    return l == frag_layout::row ? vec_layout::pairs : vec_layout::quads;
+}
+KITTENS_HOST_DEVICE constexpr vec_layout per_col_vec(frag_layout l) {
+    return l == frag_layout::row ? vec_layout::quads : vec_layout::pairs;
+}
+KITTENS_HOST_DEVICE constexpr int row_slot(frag_layout l, int k, int h) {
+    return l == frag_layout::row ? k % 2 : 2 * (k % 2) + h;
+}
+KITTENS_HOST_DEVICE constexpr int col_slot(frag_layout l, int k, int h) {
+    return l == frag_layout::row ? 2 * (k / 2) + h : k / 2;
+}
+
+// ldmatrix (x4, with or without .trans) loads the four 8x8 quadrants of a 16x16
+// tile into registers k = 0..3; lane i supplies the address of one 8-element row of
+// quadrant i / 8. Both fragment layouts use the same addresses (col uses .trans).
+KITTENS_HOST_DEVICE constexpr int ldmatrix_row(int lane) { return lane % 8 + 8 * ((lane / 8) % 2); }
+KITTENS_HOST_DEVICE constexpr int ldmatrix_col(int lane) { return 8 * (lane / 16); }
+
+}  // namespace kittens::layout_math

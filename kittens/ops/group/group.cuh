@@ -1,0 +1,104 @@
+// Operations shared by a group of N consecutive warps (group<1> is one warp,
+// group<4> a warpgroup): collaborative global <-> shared tile copies, synchronous
+// or through cp.async, with out-of-range elements zero-filled on load and skipped
+// on store.
+//
+// Preconditions for the 16-byte paths: the global base pointer is 16-byte aligned
+// and the row stride is a multiple of 16 bytes (kernels check this on the host).
+#pragma once
+#include "../../types/global/gl.cuh"
+#include "../../types/shared/st.cuh"
+
+namespace kittens {
+
+// Wait until at most N committed cp.async groups of this thread are in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N_WARPS>
+struct group {
+    static constexpr int warps = N_WARPS;
+    static constexpr int threads = N_WARPS * WARP_THREADS;
+    __device__ static int thread() { return threadIdx.x % threads; }
+    __device__ static int warp() { return (threadIdx.x / WARP_THREADS) % N_WARPS; }
+
+    // Barrier over this group only (named barrier `id`, 1..15; 0 is __syncthreads).
+    __device__ static void sync(int id) {
+        if constexpr (N_WARPS == 1) __syncwarp();
+        else asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(threads) : "memory");
+    }
+
+    // Visit the tile's 16-byte chunks, spread over the group's threads so that
+    // consecutive threads touch consecutive chunks of a row (coalesced).
+    // f(row, col, global_row, global_col, valid_elements).
+    template <typename ST, typename GL, typename F>
+    __device__ static void for_each_chunk(const GL& g, coord at, F&& f) {
+        using T = typename ST::dtype;
+        constexpr int per_chunk = 16 / int(sizeof(T));
+        constexpr int chunks_per_row = ST::cols / per_chunk;
+        constexpr int chunks = ST::rows * chunks_per_row;
+        const int row0 = at.r * ST::rows, col0 = at.c * ST::cols;
+#pragma unroll
+        for (int i = thread(); i < chunks; i += threads) {
+            const int r = i / chunks_per_row, c = (i % chunks_per_row) * per_chunk;
+            const int gr = row0 + r, gc = col0 + c;
+            const int in_cols = g.cols() - gc;
+            const int valid = gr < g.rows() ? (in_cols < 0 ? 0 : in_cols < per_chunk ? in_cols : per_chunk) : 0;
+            f(r, c, gr, gc, valid);
+        }
+    }
+
+    // dst = src tile at `at` (synchronous: visible after a group sync).
+    template <shared_tile ST, global_layout GL>
+    __device__ static void load(ST& dst, const GL& src, coord at) {
+        using T = typename ST::dtype;
+        static_assert(std::same_as<T, typename GL::dtype>, "load: shared and global element types differ");
+        for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {
+            T* d = dst.ptr(r, c);
+            if (valid == 16 / int(sizeof(T))) {
+                *reinterpret_cast<float4*>(d) = *reinterpret_cast<const float4*>(src.ptr(at.b, at.h, gr, gc));
+            } else {
+                for (int e = 0; e < 16 / int(sizeof(T)); e++)
+                    d[e] = e < valid ? *src.ptr(at.b, at.h, gr, gc + e) : convert<T>(0.f);
+            }
+        });
+    }
+
+    // Same through cp.async: returns at once; complete it with cp_async_commit(),
+    // cp_async_wait<n>() and a sync. Partial chunks are zero-filled by the copy
+    // engine (src-size < 16).
+    template <shared_tile ST, global_layout GL>
+    __device__ static void load_async(ST& dst, const GL& src, coord at) {
+        using T = typename ST::dtype;
+        static_assert(std::same_as<T, typename GL::dtype>, "load_async: shared and global element types differ");
+        for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {
+            // Out-of-range chunks still need a valid source address; zero bytes are read.
+            const T* s = valid > 0 ? src.ptr(at.b, at.h, gr, gc) : src.raw;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.address(r, c)), "l"(s),
+                         "r"(valid * int(sizeof(T)))
+                         : "memory");
+        });
+    }
+
+    // dst tile at `at` = src; elements outside dst are not written.
+    template <global_layout GL, shared_tile ST>
+    __device__ static void store(const GL& dst, const ST& src, coord at) {
+        using T = typename ST::dtype;
+        static_assert(std::same_as<T, typename GL::dtype>, "store: shared and global element types differ");
+        for_each_chunk<ST>(dst, at, [&](int r, int c, int gr, int gc, int valid) {
+            const T* s = src.ptr(r, c);
+            if (valid == 16 / int(sizeof(T))) {
+                *reinterpret_cast<float4*>(dst.ptr(at.b, at.h, gr, gc)) = *reinterpret_cast<const float4*>(s);
+            } else {
+                for (int e = 0; e < valid; e++) *dst.ptr(at.b, at.h, gr, gc + e) = s[e];
+            }
+        });
+    }
+};
+
+using warp = group<1>;
+using warpgroup = group<4>;
+
+}  // namespace kittens

@@ -1,0 +1,10 @@
+#pragma once
+#include "base_ops.cuh"
+#include "warp/register/tile_maps.cuh"
+#include "warp/register/tile_reductions.cuh"
+#include "warp/register/tile_conversions.cuh"
+#include "warp/register/vec_ops.cuh"
+#include "warp/register/mma.cuh"
+#include "warp/memory/shared_register.cuh"
+#include "warp/memory/global_register.cuh"
+#include "group/group.cuh"

@@ -1,0 +1,73 @@
+// Shared tile <-> register tile, one warp. 16-bit tiles load with ldmatrix
+// (.trans for the col layout); float tiles and stores move pairs directly.
+#pragma once
+#include "../../../types/register/rt.cuh"
+#include "../../../types/shared/st.cuh"
+
+namespace kittens {
+
+namespace detail {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, bool trans) {
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+}  // namespace detail
+
+// dst = src (a shared tile or sub-tile view of the same shape).
+template <register_tile RT, shared_tile ST>
+__device__ __forceinline__ void load(RT& dst, const ST& src) {
+    static_assert(RT::rows == ST::rows && RT::cols == ST::cols, "load: register and shared tile shapes differ");
+    using T = typename RT::dtype;
+    using S = typename ST::dtype;
+    const int lane = lane_id();
+    if constexpr (half_precision<T> && std::same_as<T, S>) {
+        constexpr bool trans = std::same_as<typename RT::layout, col_l>;
+        const int r = layout_math::ldmatrix_row(lane), c = layout_math::ldmatrix_col(lane);
+#pragma unroll
+        for (int i = 0; i < RT::height; i++)
+#pragma unroll
+            for (int j = 0; j < RT::width; j++) {
+                uint32_t regs[4];
+                detail::ldmatrix_x4(regs, src.address(i * TILE_DIM + r, j * TILE_DIM + c), trans);
+#pragma unroll
+                for (int k = 0; k < 4; k++) dst.tiles[i][j].data[k] = *reinterpret_cast<packed<T>*>(&regs[k]);
+            }
+    } else {
+        for_each_element(dst, [&](int i, int j, int k, int h, T& e) {
+            e = convert<T>(*src.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)));
+        });
+    }
+}
+
+// dst = src, converting to the shared tile's element type.
+// dst may be a tile or a temporary sub-tile view (hence the forwarding reference).
+template <typename STRef, register_tile RT>
+    requires shared_tile<std::remove_cvref_t<STRef>>
+__device__ __forceinline__ void store(STRef&& dst, const RT& src) {
+    using ST = std::remove_cvref_t<STRef>;
+    static_assert(RT::rows == ST::rows && RT::cols == ST::cols, "store: register and shared tile shapes differ");
+    using S = typename ST::dtype;
+    using T = typename RT::dtype;
+    if constexpr (std::same_as<typename RT::layout, row_l>) {
+        // Pairs run along rows: one 4- or 8-byte store each.
+#pragma unroll
+        for (int i = 0; i < RT::height; i++)
+#pragma unroll
+            for (int j = 0; j < RT::width; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int r = i * TILE_DIM + RT::row_in_base(k, 0), c = j * TILE_DIM + RT::col_in_base(k, 0);
+                    *reinterpret_cast<packed<S>*>(dst.ptr(r, c)) = convert_pair<S, T>(src.tiles[i][j].data[k]);
+                }
+    } else {
+        for_each_element(src, [&](int i, int j, int k, int h, const T& e) {
+            *dst.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)) = convert<S>(e);
+        });
+    }
+}
+
+}  // namespace kittens
