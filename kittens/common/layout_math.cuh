@@ -27,8 +27,8 @@ KITTENS_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 // chunks of a row are XOR-permuted by the row index: this is the layout the Hopper
 // TMA engine and wgmma descriptors call 128B/64B/32B swizzle, and it makes the
 // eight 16-byte row reads of an ldmatrix hit eight distinct bank groups.
-// The pattern repeats every 8 (128B), 4... rows; the tile base must be aligned to
-// the pattern period (1024 bytes covers all three modes).
+// All three patterns repeat every 8 rows (1024, 512, 256 bytes); the tile base
+// must be aligned to that period (1024 bytes covers all three modes).
 // ---------------------------------------------------------------------------
 
 KITTENS_HOST_DEVICE constexpr int swizzle_bytes_for_width(int width_bytes) {
@@ -45,15 +45,22 @@ KITTENS_HOST_DEVICE constexpr uint32_t swizzle(uint32_t offset, int swizzle_byte
 }
 
 // Byte offset of element (row, col) in a shared tile, swizzle included.
+// Equal to swizzle(linear offset) for tiles whose rows are a multiple of 8 (every
+// panel then starts on a pattern period), but written so the XOR only involves the
+// low bits of the row: when a kernel's row is `compile-time multiple of 16 + lane
+// term`, the compiler folds the multiple into an immediate and keeps one address
+// register per column slice instead of one per sub-tile.
 KITTENS_HOST_DEVICE constexpr uint32_t shared_tile_offset(int row, int col, int rows, int cols,
                                                           int element_bytes) {
     const int swz = swizzle_bytes_for_width(cols * element_bytes);
     const int panel_cols = swz / element_bytes;
-    const int panel = col / panel_cols;
-    const int col_in_panel = col % panel_cols;
-    const uint32_t linear = uint32_t(panel) * uint32_t(rows) * uint32_t(swz) +
-                            uint32_t(row) * uint32_t(swz) + uint32_t(col_in_panel * element_bytes);
-    return swizzle(linear, swz);
+    const uint32_t panel_base = uint32_t(col / panel_cols) * uint32_t(rows) * uint32_t(swz);
+    const uint32_t col_bytes = uint32_t((col % panel_cols) * element_bytes);
+    // Bits 7.. of the linear offset row*swz are row >> (log2(128/swz)).
+    const int shift = swz == 128 ? 0 : swz == 64 ? 1 : 2;
+    const uint32_t mask = swz == 128 ? 7u : swz == 64 ? 3u : 1u;
+    const uint32_t xor_chunk = ((uint32_t(row) >> shift) & mask) << 4;
+    return panel_base + uint32_t(row) * uint32_t(swz) + (col_bytes ^ xor_chunk);
 }
 
 // 4-byte bank (0..31) of a shared byte offset.

@@ -47,7 +47,8 @@ struct shared_allocator {
 // Dynamic shared memory a kernel must request for a list of allocations.
 template <typename... Ts>
 constexpr int shared_bytes_for() {
-    return int((((sizeof(Ts) + 1023) / 1024) * 1024 + ... + 0) + 1024);  // +1024: base alignment slack
+    constexpr size_t rounded = (((sizeof(Ts) + 1023) / 1024 * 1024) + ... + size_t(0));
+    return int(rounded + 1024);  // +1024: slack to align the dynamic shared memory base
 }
 
 }  // namespace kittens

@@ -51,8 +51,10 @@ struct group {
     }
 
     // dst = src tile at `at` (synchronous: visible after a group sync).
-    template <shared_tile ST, global_layout GL>
-    __device__ static void load(ST& dst, const GL& src, coord at) {
+    template <typename STRef, global_layout GL>
+        requires shared_tile<std::remove_cvref_t<STRef>>
+    __device__ static void load(STRef&& dst, const GL& src, coord at) {  // a tile or a temporary view
+        using ST = std::remove_cvref_t<STRef>;
         using T = typename ST::dtype;
         static_assert(std::same_as<T, typename GL::dtype>, "load: shared and global element types differ");
         for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {
@@ -69,8 +71,10 @@ struct group {
     // Same through cp.async: returns at once; complete it with cp_async_commit(),
     // cp_async_wait<n>() and a sync. Partial chunks are zero-filled by the copy
     // engine (src-size < 16).
-    template <shared_tile ST, global_layout GL>
-    __device__ static void load_async(ST& dst, const GL& src, coord at) {
+    template <typename STRef, global_layout GL>
+        requires shared_tile<std::remove_cvref_t<STRef>>
+    __device__ static void load_async(STRef&& dst, const GL& src, coord at) {  // a tile or a temporary view
+        using ST = std::remove_cvref_t<STRef>;
         using T = typename ST::dtype;
         static_assert(std::same_as<T, typename GL::dtype>, "load_async: shared and global element types differ");
         for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {

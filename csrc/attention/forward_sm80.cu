@@ -1,0 +1,229 @@
+// Attention forward on mma.sync + cp.async (sm_80 and newer: A100, RTX 3090/4090,
+// and Hopper when forced), written in the tile core's warp ops.
+//
+// One block computes BLOCK_Q = 128 query rows of one (batch, head) with 4 warps,
+// 32 rows each, streaming the head's keys and values in BLOCK_KV = 64 row tiles
+// through a two-stage cp.async ring. Per key tile a warp computes
+//   S = Q K^T                    (fp32 accumulators)
+//   m = max(m, rowmax(S))        (online softmax, base 2, scale folded in)
+//   P = exp2(S * c - m * c)      (c = scale * log2(e))
+//   l = l * alpha + rowsum(P),   O = O * alpha + P V
+// and at the end O / l and the natural-log log-sum-exp m * c * ln2 + ln(l).
+// Partial tiles: Q/K/V rows past the sequence end load as zeros (cp.async zero
+// fill), scores of keys past the end are masked, output rows past the end are
+// not stored.
+#include "kittens/kittens.cuh"
+#include "attention/forward_params.h"
+
+namespace tk::attention {
+namespace {
+
+namespace kt = kittens;
+
+constexpr int WARPS = 4;
+constexpr int ROWS_PER_WARP = 32;
+constexpr int BLOCK_Q = WARPS * ROWS_PER_WARP;
+constexpr int BLOCK_KV = 64;
+constexpr int STAGES = 2;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <typename T, int D>
+struct SharedTiles {
+    using q_tile = kt::st<T, BLOCK_Q, D>;
+    using kv_tile = kt::st<T, BLOCK_KV, D>;
+    static constexpr int bytes = kt::shared_bytes_for<q_tile, kv_tile[STAGES], kv_tile[STAGES]>();
+};
+
+template <typename T, int D>
+struct Globals {
+    kt::gl<T> q, k, v, o;
+    kt::gl<float> lse;  // (B, Hq, 1, Lq)
+};
+
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
+    forward_kernel(const __grid_constant__ Globals<T, D> g, const float scale_log2, const int heads_q,
+                   const int group_size) {
+    using S = SharedTiles<T, D>;
+    constexpr int K_STEPS = D / kt::TILE_DIM;     // 16-wide slices of the head dim
+    constexpr bool Q_IN_REGISTERS = D <= 64;      // d=128 would not leave registers for O
+
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    auto& q_smem = alloc.allocate<typename S::q_tile>();
+    // Stages as arrays, not arrays of pointers: a run-time index into a register
+    // array of pointers would put it in local memory.
+    auto& k_smem = alloc.allocate<typename S::kv_tile[STAGES]>();
+    auto& v_smem = alloc.allocate<typename S::kv_tile[STAGES]>();
+
+    // Task: (batch*head, query block), heaviest causal blocks first within a head.
+    const int len_q = g.q.rows(), len_kv = g.k.rows();
+    const int q_blocks = kt::ceil_div(len_q, BLOCK_Q);
+    const int bh = blockIdx.x / q_blocks;
+    const int q_block = CAUSAL ? q_blocks - 1 - blockIdx.x % q_blocks : blockIdx.x % q_blocks;
+    const int b = bh / heads_q, h = bh % heads_q, h_kv = h / group_size;
+    const int warp = kt::warp_id();
+    const int q_row0 = q_block * BLOCK_Q + warp * ROWS_PER_WARP;  // first query row of this warp
+
+    // Key tiles this block needs: all of them, or (causal) up to its last query row.
+    const int kv_tiles_all = kt::ceil_div(len_kv, BLOCK_KV);
+    const int kv_tiles = CAUSAL ? min(kv_tiles_all, ((q_block + 1) * BLOCK_Q - 1) / BLOCK_KV + 1) : kv_tiles_all;
+
+    kt::warpgroup::load_async(q_smem, g.q, {b, h, q_block, 0});
+    kt::warpgroup::load_async(k_smem[0], g.k, {b, h_kv, 0, 0});
+    kt::warpgroup::load_async(v_smem[0], g.v, {b, h_kv, 0, 0});
+    kt::cp_async_commit();
+
+    using score_tile = kt::rt_fl<ROWS_PER_WARP, BLOCK_KV>;
+    using row_values = typename score_tile::col_vec;
+    kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_reg[Q_IN_REGISTERS ? K_STEPS : 1];
+    kt::rt_fl<ROWS_PER_WARP, kt::TILE_DIM> o[K_STEPS];  // O in 16-column slices
+    row_values row_max_scaled, row_sum;                 // running max (times c) and sum of P
+    kt::neg_infty(row_max_scaled);
+    kt::zero(row_sum);
+#pragma unroll
+    for (int d = 0; d < K_STEPS; d++) kt::zero(o[d]);
+
+    for (int j = 0; j < kv_tiles; j++) {
+        const int stage = j % STAGES;
+        kt::cp_async_wait<0>();
+        __syncthreads();  // tile j visible to all warps; everyone is done with tile j-1's stage
+        if (j + 1 < kv_tiles) {
+            kt::warpgroup::load_async(k_smem[(j + 1) % STAGES], g.k, {b, h_kv, j + 1, 0});
+            kt::warpgroup::load_async(v_smem[(j + 1) % STAGES], g.v, {b, h_kv, j + 1, 0});
+            kt::cp_async_commit();
+        }
+        if (Q_IN_REGISTERS && j == 0) {
+#pragma unroll
+            for (int d = 0; d < K_STEPS; d++)
+                kt::load(q_reg[d], kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
+        }
+
+        const int kv_col0 = j * BLOCK_KV;
+        if (CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) continue;  // every key is in this warp's future
+
+        // S = Q K^T over 16-wide slices of the head dim.
+        score_tile s;
+        kt::zero(s);
+#pragma unroll
+        for (int d = 0; d < K_STEPS; d++) {
+            kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;
+            kt::load(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
+            if constexpr (Q_IN_REGISTERS) {
+                kt::mma_ABt(s, q_reg[d], k_slice, s);
+            } else {
+                kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_slice;
+                kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
+                kt::mma_ABt(s, q_slice, k_slice, s);
+            }
+        }
+
+        // Scores in base-2 units: S * scale * log2(e). Masked after scaling so a
+        // negative scale cannot turn -inf into +inf.
+        kt::mul(s, s, scale_log2);
+        const bool past_end = kv_col0 + BLOCK_KV > len_kv;
+        const bool on_diagonal = CAUSAL && kv_col0 + BLOCK_KV - 1 > q_row0;
+        if (past_end || on_diagonal) {
+            kt::mask(s, [&](int r, int c) {
+                const int key = kv_col0 + c;
+                return key < len_kv && (!CAUSAL || key <= q_row0 + r);
+            }, kt::neg_infinity());
+        }
+
+        // Online softmax: P = exp2(S - m_new), alpha = exp2(m_old - m_new).
+        row_values new_max, shift, rescale;
+        kt::row_max(new_max, s, row_max_scaled);
+        kt::for_each_slot(rescale, [&](int t, int i, float& alpha) {
+            const float m_new = new_max.data[t][i];
+            // A row with no visible key so far keeps max -inf: shift by 0, not -inf.
+            const bool empty = m_new == kt::neg_infinity();
+            shift.data[t][i] = empty ? 0.f : m_new;
+            alpha = empty ? 1.f : exp2f(row_max_scaled.data[t][i] - m_new);
+        });
+        kt::sub_row(s, s, shift);
+        kt::exp2(s, s);
+        kt::copy(row_max_scaled, new_max);
+        kt::mul(row_sum, row_sum, rescale);
+        kt::row_sum(row_sum, s, row_sum);
+
+        // O = O * alpha + P V over 16-wide slices of the head dim.
+        kt::rt<T, ROWS_PER_WARP, BLOCK_KV> p;
+        kt::copy(p, s);
+#pragma unroll
+        for (int d = 0; d < K_STEPS; d++) {
+            kt::rt<T, BLOCK_KV, kt::TILE_DIM, kt::col_l> v_slice;
+            kt::load(v_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(v_smem[stage], 0, d));
+            kt::mul_row(o[d], o[d], rescale);
+            kt::mma_AB(o[d], p, v_slice, o[d]);
+        }
+    }
+
+    // Epilogue: O / l through this warp's rows of the Q tile, then coalesced stores.
+    auto o_smem = kt::subtile<ROWS_PER_WARP, D>(q_smem, warp, 0);
+#pragma unroll
+    for (int d = 0; d < K_STEPS; d++) {
+        kt::div_row(o[d], o[d], row_sum);
+        kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> o_out;
+        kt::copy(o_out, o[d]);
+        kt::store(kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d), o_out);
+    }
+    __syncwarp();
+    kt::warp::store(g.o, o_smem, {b, h, q_block * WARPS + warp, 0});
+
+    row_values lse;
+    kt::for_each_slot(lse, [&](int t, int i, float& x) {
+        x = (row_max_scaled.data[t][i] + __log2f(row_sum.data[t][i])) * LN2;
+    });
+    kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
+}
+
+template <typename T, int D, bool CAUSAL>
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+    using G = Globals<T, D>;
+    auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
+        return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
+    };
+    const G g{tensor(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l),
+              tensor(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l),
+              tensor(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l),
+              tensor(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l),
+              kt::gl<float>(p.lse, p.batch, p.heads_q, 1, p.len_q)};
+    constexpr int smem = SharedTiles<T, D>::bytes;
+    auto kernel = forward_kernel<T, D, CAUSAL>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    const int64_t blocks = int64_t(kt::ceil_div(p.len_q, BLOCK_Q)) * p.batch * p.heads_q;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(
+        g, p.scale * LOG2E, p.heads_q, p.heads_q / p.heads_kv);
+    return cudaGetLastError();
+}
+
+// The instantiations: one row per (element type, head dim, causal).
+struct Entry {
+    ElementType dtype;
+    int head_dim;
+    bool causal;
+    cudaError_t (*run)(const ForwardParams&, cudaStream_t);
+};
+constexpr Entry kernels[] = {
+    {ElementType::bf16, 64, false, launch<kt::bf16, 64, false>},
+    {ElementType::bf16, 64, true, launch<kt::bf16, 64, true>},
+    {ElementType::bf16, 128, false, launch<kt::bf16, 128, false>},
+    {ElementType::bf16, 128, true, launch<kt::bf16, 128, true>},
+    {ElementType::fp16, 64, false, launch<kt::half, 64, false>},
+    {ElementType::fp16, 64, true, launch<kt::half, 64, true>},
+    {ElementType::fp16, 128, false, launch<kt::half, 128, false>},
+    {ElementType::fp16, 128, true, launch<kt::half, 128, true>},
+};
+
+}  // namespace
+
+cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream) {
+    for (const Entry& e : kernels)
+        if (e.dtype == params.dtype && e.head_dim == params.head_dim && e.causal == params.causal)
+            return e.run(params, stream);
+    return cudaErrorInvalidValue;  // the op layer only passes supported combinations
+}
+
+}  // namespace tk::attention
