@@ -5,8 +5,8 @@
 // 32 rows each, streaming the head's keys and values in BLOCK_KV = 64 row tiles
 // through a two-stage cp.async ring. Per key tile a warp computes
 //   S = Q K^T                    (fp32 accumulators)
-//   m = max(m, rowmax(S))        (online softmax, base 2, scale folded in)
-//   P = exp2(S * c - m * c)      (c = scale * log2(e))
+//   m = max(m, rowmax(S))        (online softmax in base 2)
+//   P = exp2(S * c - m * c)      (c = scale * log2(e) > 0: the op layer sends scale <= 0 to SDPA)
 //   l = l * alpha + rowsum(P),   O = O * alpha + P V
 // and at the end O / l and the natural-log log-sum-exp m * c * ln2 + ln(l).
 // Partial tiles: Q/K/V rows past the sequence end load as zeros (cp.async zero
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     using row_values = typename score_tile::col_vec;
     kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_reg[Q_IN_REGISTERS ? K_STEPS : 1];
     kt::rt_fl<ROWS_PER_WARP, kt::TILE_DIM> o[K_STEPS];  // O in 16-column slices
-    row_values row_max_scaled, row_sum;                 // running max (times c) and sum of P
-    kt::neg_infty(row_max_scaled);
+    row_values row_max, row_sum;                        // running max of raw scores, sum of P
+    kt::neg_infty(row_max);
     kt::zero(row_sum);
 #pragma unroll
     for (int d = 0; d < K_STEPS; d++) kt::zero(o[d]);
@@ -119,9 +119,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             }
         }
 
-        // Scores in base-2 units: S * scale * log2(e). Masked after scaling so a
-        // negative scale cannot turn -inf into +inf.
-        kt::mul(s, s, scale_log2);
         const bool past_end = kv_col0 + BLOCK_KV > len_kv;
         const bool on_diagonal = CAUSAL && kv_col0 + BLOCK_KV - 1 > q_row0;
         if (past_end || on_diagonal) {
@@ -131,19 +128,21 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             }, kt::neg_infinity());
         }
 
-        // Online softmax: P = exp2(S - m_new), alpha = exp2(m_old - m_new).
+        // Online softmax on raw scores (the max commutes with the positive scale c):
+        // P = exp2(S * c - m_new * c) is one multiply-add and one exp2 per element.
         row_values new_max, shift, rescale;
-        kt::row_max(new_max, s, row_max_scaled);
+        kt::row_max(new_max, s, row_max);
         kt::for_each_slot(rescale, [&](int t, int i, float& alpha) {
             const float m_new = new_max.data[t][i];
             // A row with no visible key so far keeps max -inf: shift by 0, not -inf.
             const bool empty = m_new == kt::neg_infinity();
-            shift.data[t][i] = empty ? 0.f : m_new;
-            alpha = empty ? 1.f : exp2f(row_max_scaled.data[t][i] - m_new);
+            shift.data[t][i] = empty ? 0.f : m_new * scale_log2;
+            alpha = empty ? 1.f : exp2f((row_max.data[t][i] - m_new) * scale_log2);
         });
+        kt::mul(s, s, scale_log2);
         kt::sub_row(s, s, shift);
         kt::exp2(s, s);
-        kt::copy(row_max_scaled, new_max);
+        kt::copy(row_max, new_max);
         kt::mul(row_sum, row_sum, rescale);
         kt::row_sum(row_sum, s, row_sum);
 
@@ -173,7 +172,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
     row_values lse;
     kt::for_each_slot(lse, [&](int t, int i, float& x) {
-        x = (row_max_scaled.data[t][i] + __log2f(row_sum.data[t][i])) * LN2;
+        x = (row_max.data[t][i] * scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
     });
     kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
 }

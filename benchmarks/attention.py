@@ -1,0 +1,212 @@
+"""Attention: tk.attention against SDPA's backends (cuDNN, FlashAttention-2, memory-efficient,
+default choice) and any peer package installed, on the configs of anchors.md.
+
+TFLOP/s use the anchors convention: 4 * B * Hq * Lq * Lk * D for the forward pass, halved when
+causal; a fwd+bwd pass (when the backward kernel lands) counts 3.5x the forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import thunderkittens as tk
+
+from .timing import median_ms
+
+OURS = "tk"
+REFERENCE = "sdpa_flash"  # FlashAttention-2, the ratio column the anchors quote
+
+# Flop multiplier of each pass relative to the forward. Only "fwd" runs today; adding "fwdbwd"
+# means adding it here and in _pass_callable (inputs with requires_grad, then .backward()).
+PASSES = {"fwd": 1.0}
+
+
+@dataclass(frozen=True)
+class Config:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    len_q: int
+    len_kv: int
+    head_dim: int
+    causal: bool
+
+    @property
+    def name(self) -> str:
+        heads = (f"h{self.heads_q}" if self.heads_q == self.heads_kv
+                 else f"hq{self.heads_q} hkv{self.heads_kv}")
+        lengths = f"n{self.len_q}" if self.len_q == self.len_kv else f"lq{self.len_q} lk{self.len_kv}"
+        return f"b{self.batch} {heads} {lengths} d{self.head_dim} {'causal' if self.causal else 'full'}"
+
+    @property
+    def forward_flops(self) -> float:
+        flops = 4.0 * self.batch * self.heads_q * self.len_q * self.len_kv * self.head_dim
+        return flops / 2 if self.causal else flops
+
+
+def _square(batch: int, n: int, head_dim: int, causal: bool) -> Config:
+    return Config(batch, 16, 16, n, n, head_dim, causal)
+
+
+# anchors.md, attention table: b16 n768/1536/3072, b8 n6144, b4 n12288; h16; d64/d128; full/causal.
+ANCHOR_CONFIGS = [_square(b, n, d, causal)
+                  for d in (64, 128) for causal in (False, True)
+                  for b, n in ((16, 768), (16, 1536), (16, 3072), (8, 6144), (4, 12288))]
+
+# anchors.md, "what users get from plain SDPA": unaligned lengths, GQA, Lq != Lk.
+SDPA_DEFAULT_CONFIGS = [
+    Config(16, 16, 16, 1000, 1000, 128, False),
+    Config(4, 16, 16, 4097, 4097, 128, True),
+    Config(2, 16, 16, 8191, 8191, 128, False),
+    Config(4, 32, 8, 4096, 4096, 128, True),
+    Config(8, 32, 8, 2048, 2048, 128, False),
+    Config(1, 32, 8, 16384, 16384, 128, True),
+    Config(16, 16, 16, 2048, 2048, 64, True),
+    Config(8, 16, 16, 512, 8192, 128, False),
+]
+
+QUICK_CONFIGS = [_square(16, 1536, 128, False), _square(16, 1536, 128, True),
+                 _square(16, 3072, 64, True), Config(16, 16, 16, 1000, 1000, 128, False),
+                 Config(4, 32, 8, 4096, 4096, 128, True)]
+
+
+# ---- implementations -----------------------------------------------------------------------
+# Each is (context factory, call(q, k, v, cfg) -> out); the context (backend choice, forcing)
+# stays active for the whole measurement.
+
+Impl = tuple[Callable[[], contextlib.AbstractContextManager], Callable]
+
+
+def _sdpa_call(q, k, v, cfg: Config):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal,
+                                          enable_gqa=cfg.heads_q != cfg.heads_kv)
+
+
+def _sdpa(backend: SDPBackend | None) -> Impl:
+    context = (lambda: sdpa_kernel(backend)) if backend is not None else contextlib.nullcontext
+    return context, _sdpa_call
+
+
+def _ours(kernel: str) -> Impl:
+    @contextlib.contextmanager
+    def context():
+        # Forced family + strict: a fallback raises (and shows as '-'), never times SDPA.
+        with tk.use_kernel(kernel), tk.strict():
+            yield
+
+    def call(q, k, v, cfg: Config):
+        return tk.attention(q, k, v, is_causal=cfg.causal, enable_gqa=cfg.heads_q != cfg.heads_kv)
+
+    return context, call
+
+
+def _optional_peers() -> dict[str, Impl]:
+    """Peer packages measured when installed (they take (B, L, H, D) inputs)."""
+    peers: dict[str, Impl] = {}
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return peers
+
+    def call(q, k, v, cfg: Config):
+        return flash_attn_func(q, k, v, causal=cfg.causal)
+
+    peers["flash_attn"] = (contextlib.nullcontext, call)
+    return peers
+
+
+def implementations(kernel: str) -> dict[str, Impl]:
+    impls = {
+        OURS: _ours(kernel),
+        "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa_efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa_default": _sdpa(None),
+    }
+    impls.update(_optional_peers())
+    return impls
+
+
+# ---- running -------------------------------------------------------------------------------
+
+
+def _inputs(cfg: Config, dtype: torch.dtype, layout_blhd: bool):
+    def randn(heads, length):
+        if layout_blhd:
+            return torch.randn(cfg.batch, length, heads, cfg.head_dim, device="cuda", dtype=dtype)
+        return torch.randn(cfg.batch, heads, length, cfg.head_dim, device="cuda", dtype=dtype)
+    return randn(cfg.heads_q, cfg.len_q), randn(cfg.heads_kv, cfg.len_kv), randn(cfg.heads_kv, cfg.len_kv)
+
+
+def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
+    if pass_name == "fwd":
+        return lambda: call(q, k, v, cfg)
+    raise ValueError(f"unknown pass {pass_name!r}")
+
+
+def _measure(impl: Impl, pass_name: str, inputs, cfg: Config, quick: bool) -> dict:
+    context, call = impl
+    try:
+        with context(), torch.no_grad():
+            fn = _pass_callable(pass_name, call, *inputs, cfg)
+            ms = median_ms(fn, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
+    except Exception as error:  # a peer that cannot run this config: reported, not fatal
+        torch.cuda.synchronize()
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    tflops = cfg.forward_flops * PASSES[pass_name] / (ms * 1e-3) / 1e12
+    return {"ms": ms, "tflops": tflops}
+
+
+def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bfloat16,
+        log=print) -> tuple[list[dict], list[str]]:
+    """Measure every config; returns (records, implementation names in column order)."""
+    impls = implementations(kernel)
+    configs = QUICK_CONFIGS if quick else ANCHOR_CONFIGS + SDPA_DEFAULT_CONFIGS
+    records = []
+    for pass_name in PASSES:
+        for cfg in configs:
+            torch.manual_seed(0)
+            bhld = _inputs(cfg, dtype, layout_blhd=False)
+            blhd = None
+            results = {}
+            for name, impl in impls.items():
+                if name == "flash_attn":
+                    blhd = blhd or tuple(t.transpose(1, 2).contiguous() for t in bhld)
+                    inputs = blhd
+                else:
+                    inputs = bhld
+                results[name] = _measure(impl, pass_name, inputs, cfg, quick)
+            del bhld, blhd
+            records.append(_record(pass_name, cfg, dtype, results))
+            log(_progress_line(records[-1]))
+    return records, list(impls)
+
+
+def _record(pass_name: str, cfg: Config, dtype: torch.dtype, results: dict) -> dict:
+    ours = results[OURS].get("tflops")
+    peers = {name: r["tflops"] for name, r in results.items() if name != OURS and "tflops" in r}
+    best_peer = max(peers, key=peers.get) if peers else None
+    reference = peers.get(REFERENCE)
+    return {
+        "op": "attention", "pass": pass_name, "config_name": cfg.name, "config": asdict(cfg),
+        "dtype": str(dtype).removeprefix("torch."),
+        "flops": cfg.forward_flops * PASSES[pass_name], "results": results,
+        "best_peer": best_peer,
+        "ratio_vs_reference": ours / reference if ours and reference else None,
+        "ratio_vs_best_peer": ours / peers[best_peer] if ours and best_peer else None,
+    }
+
+
+def _progress_line(record: dict) -> str:
+    cells = [f"{name}={r['tflops']:.0f}" if "tflops" in r else f"{name}=-"
+             for name, r in record["results"].items()]
+    line = f"  {record['pass']} {record['config_name']}: " + " ".join(cells)
+    if "error" in record["results"][OURS]:
+        line += f"  [{OURS} failed: {record['results'][OURS]['error']}]"
+    return line

@@ -1,0 +1,139 @@
+// CUDA implementation of tk::attention_fwd: re-check the inputs (cheaply: shapes, dtypes,
+// devices, strides, alignment; never data), allocate the outputs, describe the call in a plain
+// ForwardParams struct and launch the kernel on the current stream of q's device.
+//
+// The Python layer (thunderkittens.attention) already makes inputs conform; these checks are
+// for direct callers of torch.ops.tk.attention_fwd, and they name the offending argument.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+
+#include "attention/forward_params.h"
+
+namespace tk::attention {
+namespace {
+
+constexpr const char* kOp = "tk::attention_fwd: ";
+
+// (batch, heads, length) strides handed to the kernel. A dimension of size 1 is never stepped
+// over, so torch allows it any stride (including 0 or an unaligned value); the kernel gets a
+// well-formed row-major value for it instead, so the "multiple of 8" promise always holds.
+std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
+    std::array<int64_t, 3> strides{};
+    int64_t inner = t.size(3);  // stride(3) == 1 is checked before this is called
+    for (int dim = 2; dim >= 0; --dim) {
+        strides[dim] = t.size(dim) == 1 ? inner : t.stride(dim);
+        inner = strides[dim] * t.size(dim);
+    }
+    return strides;
+}
+
+void check_layout(const at::Tensor& t, const char* name) {
+    TORCH_CHECK(t.stride(3) == 1, kOp, name, " must have a contiguous last dimension (stride 1), got strides ",
+                t.strides());
+    for (int dim = 0; dim < 3; ++dim) {
+        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, kOp, name,
+                    ": every stride except the last must be a multiple of 8 elements (16 bytes), got strides ",
+                    t.strides(), "; pass x.contiguous()");
+    }
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, kOp, name,
+                ": data pointer must be 16-byte aligned; pass a fresh copy "
+                "(x.clone(memory_format=torch.contiguous_format))");
+}
+
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
+    TORCH_CHECK(t.defined(), kOp, name, " is undefined");
+    TORCH_CHECK(t.is_cuda(), kOp, name, " must be a CUDA tensor, got device ", t.device());
+    TORCH_CHECK(t.device() == q.device(), kOp, name, " is on ", t.device(), " but q is on ", q.device());
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), kOp, name, " has dtype ", t.scalar_type(),
+                " but q has dtype ", q.scalar_type());
+    TORCH_CHECK(t.dim() == 4, kOp, name, " must be 4-D (batch, heads, length, head_dim), got shape ",
+                t.sizes());
+    for (int dim = 0; dim < 4; ++dim) {
+        TORCH_CHECK(t.size(dim) >= 1, kOp, name, " must not be empty, got shape ", t.sizes());
+        TORCH_CHECK(t.size(dim) <= std::numeric_limits<int>::max(), kOp, name, " dimension ", dim,
+                    " is too large: ", t.size(dim));
+    }
+    check_layout(t, name);
+}
+
+ElementType element_type(const at::Tensor& q) {
+    switch (q.scalar_type()) {
+        case at::kBFloat16: return ElementType::bf16;
+        case at::kHalf: return ElementType::fp16;
+        default:
+            TORCH_CHECK(false, kOp, "q must be bfloat16 or float16, got ", q.scalar_type());
+    }
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, bool is_causal,
+                                                      double scale) {
+    TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
+    check_operand(q, "q", q);
+    check_operand(k, "k", q);
+    check_operand(v, "v", q);
+    const ElementType dtype = element_type(q);
+
+    const int64_t batch = q.size(0), heads_q = q.size(1), len_q = q.size(2), head_dim = q.size(3);
+    const int64_t heads_kv = k.size(1), len_kv = k.size(2);
+    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, kOp, "batch sizes differ: q ", q.sizes(),
+                ", k ", k.sizes(), ", v ", v.sizes());
+    TORCH_CHECK(v.size(1) == heads_kv, kOp, "k and v must have the same number of heads, got k ",
+                k.sizes(), " and v ", v.sizes());
+    TORCH_CHECK(heads_q % heads_kv == 0, kOp, "q heads (", heads_q,
+                ") must be a multiple of k/v heads (", heads_kv, ")");
+    TORCH_CHECK(v.size(2) == len_kv, kOp, "k and v must have the same length, got k ", k.sizes(),
+                " and v ", v.sizes());
+    TORCH_CHECK(head_dim == 64 || head_dim == 128, kOp, "q head_dim must be 64 or 128, got ", head_dim);
+    TORCH_CHECK(k.size(3) == head_dim, kOp, "k head_dim (", k.size(3), ") must equal q head_dim (",
+                head_dim, ")");
+    TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
+                head_dim, ")");
+    TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
+
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    at::Tensor out = at::empty({batch, heads_q, len_q, head_dim}, q.options());
+    at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
+
+    ForwardParams params{};
+    params.q = q.const_data_ptr();
+    params.k = k.const_data_ptr();
+    params.v = v.const_data_ptr();
+    params.o = out.mutable_data_ptr();
+    params.lse = lse.mutable_data_ptr<float>();
+    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v),
+               os = kernel_strides(out);
+    params.q_stride_b = qs[0], params.q_stride_h = qs[1], params.q_stride_l = qs[2];
+    params.k_stride_b = ks[0], params.k_stride_h = ks[1], params.k_stride_l = ks[2];
+    params.v_stride_b = vs[0], params.v_stride_h = vs[1], params.v_stride_l = vs[2];
+    params.o_stride_b = os[0], params.o_stride_h = os[1], params.o_stride_l = os[2];
+    params.batch = static_cast<int>(batch);
+    params.heads_q = static_cast<int>(heads_q);
+    params.heads_kv = static_cast<int>(heads_kv);
+    params.len_q = static_cast<int>(len_q);
+    params.len_kv = static_cast<int>(len_kv);
+    params.head_dim = static_cast<int>(head_dim);
+    params.scale = static_cast<float>(scale);
+    params.causal = is_causal;
+    params.dtype = dtype;
+
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    const cudaError_t status = forward_sm80(params, stream);
+    TORCH_CHECK(status == cudaSuccess, kOp, "kernel launch failed: ", cudaGetErrorString(status));
+    return {out, lse};
+}
+
+}  // namespace
+}  // namespace tk::attention
+
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("attention_fwd", &tk::attention::attention_fwd_cuda);
+}

@@ -1,0 +1,46 @@
+// Schemas of every tk op. They are defined here, whatever op families were compiled, so that:
+//  - the Python package can always register fake (meta) implementations against them, and
+//  - a family left out of the build (TK_OPS) fails with a clear message when called, instead
+//    of the dispatcher's generic "could not run with arguments from the CUDA backend".
+// The CUDA implementations live next to their kernels in csrc/<family>/<family>_ops.cpp.
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#ifndef TK_BUILD_OPS
+#define TK_BUILD_OPS "?"
+#endif
+
+TORCH_LIBRARY(tk, m) {
+    // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, D in {64, 128}, Hq % Hkv == 0.
+    // Returns out (B, Hq, Lq, D) contiguous and lse (B, Hq, Lq) fp32, the natural-log
+    // log-sum-exp of the scaled scores, which the backward pass will need.
+    m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
+          "-> (Tensor out, Tensor lse)");
+}
+
+namespace {
+
+[[noreturn]] [[maybe_unused]] void family_not_built(const char* op, const char* family) {
+    const std::string built = TK_BUILD_OPS;
+    TORCH_CHECK(false, "tk::", op, ": the '", family,
+                "' op family was not compiled into this build of thunderkittens (families built: ",
+                built.empty() ? "none" : built, "). Rebuild with TK_OPS unset (all families) or listing '",
+                family, "': pip install --no-build-isolation .");
+}
+
+#ifndef TK_HAS_ATTENTION
+std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, const at::Tensor&,
+                                                            const at::Tensor&, bool, double) {
+    family_not_built("attention_fwd", "attention");
+}
+#endif
+
+}  // namespace
+
+#ifndef TK_HAS_ATTENTION
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("attention_fwd", &attention_fwd_not_built);
+}
+#endif

@@ -1,0 +1,1 @@
+"""Attention: argument checks, path choice, kernel call and fake implementation."""

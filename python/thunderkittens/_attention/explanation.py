@@ -1,0 +1,37 @@
+"""What thunderkittens.explain() returns: the path a call would take, printable in one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    uses_kernel: bool
+    reason: str | None              # why it falls back (None on the kernel path)
+    kernel: str | None              # family name, e.g. "sm80"
+    kernel_description: str | None  # e.g. "sm80 mma.sync"
+    op: str | None                  # e.g. "tk.attention_fwd"
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    gqa_ratio: int
+    copies: tuple[str, ...]         # inputs that get a .contiguous() copy on the kernel path
+    strict: bool                    # strict mode: a fallback would raise FallbackError
+
+    def __str__(self) -> str:
+        if not self.uses_kernel:
+            text = f"fallback torch SDPA: {self.reason}"
+            return text + (" (strict mode: tk.attention raises FallbackError)" if self.strict else "")
+        parts = [f"kernel {self.op} [{self.kernel_description}]",
+                 _DTYPE_NAMES.get(self.dtype, str(self.dtype)), f"d={self.head_dim}",
+                 "causal" if self.causal else "full"]
+        if self.gqa_ratio > 1:
+            parts.append(f"gqa={self.gqa_ratio}")
+        if self.copies:
+            parts.append(f"(copies {', '.join(self.copies)} with .contiguous())")
+        return " ".join(parts)

@@ -1,0 +1,48 @@
+"""The attention kernel families, in the order ``auto`` prefers them.
+
+A family is one kernel implementation strategy with its own hardware needs. Today there is one:
+``sm80``, the mma.sync + cp.async kernel, which runs on every GPU from sm_80 on (Hopper too).
+A Hopper family (``sm90``: TMA + wgmma, needs exactly sm_90 and a 90a build) slots in by adding
+an entry *before* sm80 here and its name in ``_config.KNOWN_KERNELS``; ``auto`` then picks it on
+Hopper and keeps sm80 everywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._config import KNOWN_KERNELS
+from .._extension import BUILT_ARCHS, has_kernel_image_for
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    name: str                       # what users pass to use_kernel / TK_ATTENTION_KERNEL
+    description: str                # shown by explain(), e.g. "sm80 mma.sync"
+    op_name: str                    # the torch.ops.tk op that runs it
+    min_capability: tuple[int, int]
+    exact_capability: tuple[int, int] | None = None  # arch-specific code (sm_90a) runs only there
+
+    def unavailable_reason(self, capability: tuple[int, int]) -> str | None:
+        """Why this family cannot run on a GPU of ``capability``, or None if it can."""
+        gpu = f"sm_{capability[0]}{capability[1]}"
+        if self.exact_capability is not None and capability != self.exact_capability:
+            need = f"sm_{self.exact_capability[0]}{self.exact_capability[1]}"
+            return f"the {self.name} kernels need an {need} GPU, this one is {gpu}"
+        if capability < self.min_capability:
+            need = f"sm_{self.min_capability[0]}{self.min_capability[1]}"
+            return f"the {self.name} kernels need {need} or newer, this GPU is {gpu}"
+        if not has_kernel_image_for(capability):
+            return (f"this build has no code for {gpu} (built for {','.join(BUILT_ARCHS)}); "
+                    f"rebuild with e.g. TK_CUDA_ARCHS={capability[0]}{capability[1]}"
+                    f"{'a' if capability == (9, 0) else ''} pip install --no-build-isolation .")
+        return None
+
+
+SM80 = KernelFamily(name="sm80", description="sm80 mma.sync", op_name="attention_fwd",
+                    min_capability=(8, 0))
+
+FAMILIES: tuple[KernelFamily, ...] = (SM80,)
+BY_NAME: dict[str, KernelFamily] = {family.name: family for family in FAMILIES}
+
+assert set(BY_NAME) == set(KNOWN_KERNELS["attention"]), "keep _config.KNOWN_KERNELS in sync"

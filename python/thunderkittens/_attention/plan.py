@@ -1,0 +1,84 @@
+"""Which path an attention call takes: one of our kernel families, or torch SDPA (and why).
+
+Every decision here reads only shapes, dtypes, devices, flags and configuration, never tensor
+data, so it is cheap and torch.compile can trace it (the result is baked into the graph, guarded
+on those same properties).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _config
+from .._extension import BUILT_OPS
+from .families import BY_NAME, FAMILIES, KernelFamily
+
+# The device type our kernels run on. A module constant (not a literal in the check) so the CPU
+# test suite can trace the kernel path with torch.compile against a CPU stand-in of the op.
+KERNEL_DEVICE_TYPE = "cuda"
+KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+KERNEL_HEAD_DIMS = (64, 128)
+
+
+@torch.compiler.assume_constant_result
+def device_capability(index: int) -> tuple[int, int]:
+    # A trace-time constant under torch.compile (the device is already guarded on).
+    return torch.cuda.get_device_capability(index)
+
+
+def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None) -> str | None:
+    """Why the call is outside what any attention kernel supports, or None."""
+    if query.device.type != KERNEL_DEVICE_TYPE:
+        return f"inputs are on {query.device.type}; the kernels need a CUDA GPU"
+    if query.dtype not in KERNEL_DTYPES:
+        return f"dtype {query.dtype} is not supported by the kernel (bfloat16 and float16 only)"
+    head_dim = query.shape[-1]
+    if head_dim not in KERNEL_HEAD_DIMS:
+        return f"head dim {head_dim} is not supported by the kernel (64 or 128 only)"
+    if value.shape[-1] != head_dim:
+        return (f"value head dim {value.shape[-1]} differs from query head dim {head_dim}; "
+                "the kernel needs them equal")
+    if attn_mask is not None:
+        return "attn_mask is not supported by the kernel yet"
+    if dropout_p > 0.0:
+        return "dropout_p > 0 is not supported by the kernel yet"
+    if scale is not None and scale <= 0.0:
+        # The kernel takes the running max of raw scores, which is only the max of the
+        # scaled scores for a positive scale.
+        return f"scale {scale} <= 0 is not supported by the kernel (positive scales only)"
+    if torch.is_grad_enabled():
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.requires_grad:
+                return (f"{name} requires grad and the backward kernel is not implemented yet "
+                        "(under torch.no_grad() or torch.inference_mode() the kernel runs)")
+    if "attention" not in BUILT_OPS:
+        return ("the attention op family was not compiled into this build (families built: "
+                f"{','.join(sorted(BUILT_OPS)) or 'none'}); rebuild with TK_OPS unset")
+    return None
+
+
+def choose_family(device: torch.device) -> tuple[KernelFamily | None, str | None]:
+    """(family, None) if a kernel family can run on ``device``, else (None, reason)."""
+    capability = device_capability(device.index)
+    choice = _config.kernel_choice("attention")
+    if choice != "auto":
+        family = BY_NAME[choice]
+        reason = family.unavailable_reason(capability)
+        if reason is None:
+            return family, None
+        return None, f"kernel {choice} was forced but {reason}"
+    reasons = []
+    for family in FAMILIES:
+        reason = family.unavailable_reason(capability)
+        if reason is None:
+            return family, None
+        reasons.append(reason)
+    return None, "; ".join(reasons)
+
+
+def decide(query, key, value, attn_mask, dropout_p, scale=None) -> tuple[KernelFamily | None, str | None]:
+    """(family, None) for the kernel path, (None, reason) for the SDPA fallback."""
+    reason = feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale)
+    if reason is not None:
+        return None, reason
+    return choose_family(query.device)

@@ -1,0 +1,64 @@
+"""Shared test setup: GPU tests skip cleanly without CUDA, and the tk environment switches are
+cleared so the caller's shell cannot change what the tests see."""
+
+import pytest
+import torch
+
+TK_ENV_VARS = ("TK_STRICT", "TK_ATTENTION_KERNEL")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def clean_tk_environment(monkeypatch):
+    for name in TK_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+class AttentionStandIn:
+    """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
+
+    Registered as the CPU implementation of tk::attention_fwd while the ``cpu_kernel`` fixture
+    is active, with the path choice told that the CPU is a capable GPU. Everything else is the
+    real code: argument checks, path choice, operand preparation, the op schema, the fake
+    implementation and torch.compile tracing. Calls are recorded so tests can check what the
+    kernel would have been given (layouts, head counts, copies).
+    """
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self._monkeypatch = monkeypatch
+
+    def set_capability(self, capability):
+        from thunderkittens._attention import plan
+        self._monkeypatch.setattr(
+            plan, "device_capability",
+            torch.compiler.assume_constant_result(lambda index: capability))
+
+    def __call__(self, q, k, v, is_causal, scale):
+        from reference import reference_attention
+        self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale})
+        out, lse = reference_attention(q, k, v, is_causal, scale)
+        return out.to(q.dtype), lse.float()
+
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    from thunderkittens._attention import plan
+    standin = AttentionStandIn(monkeypatch)
+    library = torch.library.Library("tk", "IMPL")
+    library.impl("attention_fwd", standin, "CPU")
+    monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
+    standin.set_capability((9, 0))
+    try:
+        yield standin
+    finally:
+        library._destroy()
+        torch._dynamo.reset()

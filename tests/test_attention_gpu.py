@@ -1,0 +1,408 @@
+"""tk.attention on a GPU: correctness against a float64 reference, held to PyTorch's own error
+(FlashAttention's habit), plus the things kernels get wrong in practice: odd lengths, Lq != Lk,
+GQA, uninitialised output memory, strided inputs, huge batch*heads, other devices and streams,
+CUDA graphs, torch.compile, opcheck, and the fallbacks.
+
+Tolerance: with ``ref`` the float64 answer on the same bf16/fp16 inputs, our max-abs error must
+be <= ERROR_FACTOR * (max-abs error of F.scaled_dot_product_attention, default backend) +
+ABS_SLACK, and the same for the relative L2 error.
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunderkittens as tk
+from reference import reference_attention
+
+pytestmark = pytest.mark.gpu
+
+ERROR_FACTOR = 2.0
+ABS_SLACK = 1e-5
+REL_SLACK = 1e-6
+LSE_ATOL = 1e-3  # lse is computed in fp32 from exact bf16/fp16 products; errors are ~1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_must_run_here():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the kernels need sm_80 or newer")
+    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    with tk.use_kernel("sm80"):
+        plan = tk.explain(q, q, q)
+    if not plan.uses_kernel:
+        pytest.skip(f"kernel unavailable on this GPU: {plan.reason}")
+
+
+def seeded(*key):
+    torch.manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def randn(shape, dtype, device="cuda"):
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype, device="cuda"):
+    return (randn((batch, heads_q, len_q, head_dim), dtype, device),
+            randn((batch, heads_kv, len_kv, head_dim), dtype, device),
+            randn((batch, heads_kv, len_kv, head_dim), dtype, device))
+
+
+def call_op_on_poisoned_memory(q, k, v, causal, scale):
+    """Call the op so that its outputs land in memory that was just filled with NaN.
+
+    The caching allocator hands a freed block back to the next request of the same size on the
+    same stream; allocating NaN tensors of the op's output sizes in the op's order, freeing them
+    and calling the op makes the op's outputs reuse exactly those blocks (asserted), so any
+    element the kernel forgets to write stays NaN.
+    """
+    batch, heads_q, len_q, head_dim = q.shape
+    poison_out = torch.full((batch, heads_q, len_q, head_dim), math.nan, dtype=q.dtype,
+                            device=q.device)
+    poison_lse = torch.full((batch, heads_q, len_q), math.nan, dtype=torch.float32,
+                            device=q.device)
+    addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
+    del poison_out, poison_lse
+    out, lse = torch.ops.tk.attention_fwd(q, k, v, causal, scale)
+    assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
+    return out, lse
+
+
+def assert_close_to_reference(out, q, k, v, causal, scale, lse=None):
+    """``out`` (B, Hq, Lq, D) against the float64 reference, within PyTorch's own error."""
+    assert torch.isfinite(out).all(), "output has NaN/inf"
+    ref_out, ref_lse = reference_attention(q, k, v, causal, scale)
+    torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                               enable_gqa=q.shape[1] != k.shape[1])
+    err = (out.double() - ref_out).abs().max().item()
+    err_torch = (torch_out.double() - ref_out).abs().max().item()
+    assert err <= ERROR_FACTOR * err_torch + ABS_SLACK, \
+        f"max abs error {err:.3e} vs torch SDPA {err_torch:.3e}"
+    ref_norm = ref_out.norm().item()
+    rel = (out.double() - ref_out).norm().item() / ref_norm
+    rel_torch = (torch_out.double() - ref_out).norm().item() / ref_norm
+    assert rel <= ERROR_FACTOR * rel_torch + REL_SLACK, \
+        f"relative L2 error {rel:.3e} vs torch SDPA {rel_torch:.3e}"
+    if lse is not None:
+        assert torch.isfinite(lse).all(), "lse has NaN/inf"
+        lse_err = (lse.double() - ref_lse).abs().max().item()
+        assert lse_err <= LSE_ATOL, f"lse max abs error {lse_err:.3e}"
+
+
+# ---- correctness over the parameter space --------------------------------------------------
+
+SMALL_LENGTHS = [(1, 1), (17, 17), (127, 127), (1000, 1000), (17, 1000), (1000, 17)]
+LONG_LENGTHS = [(4097, 4097), (128, 4097), (4097, 128), (1, 4097), (4097, 1)]
+DTYPES = [torch.bfloat16, torch.float16]
+HEAD_DIMS = [64, 128]
+GQA_RATIOS = [1, 4, 8]
+
+
+def _cases():
+    cases = []
+    for len_q, len_kv in SMALL_LENGTHS:  # full cross product
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    for ratio in GQA_RATIOS:
+                        cases.append((len_q, len_kv, dtype, head_dim, causal, ratio))
+    index = 0
+    for len_q, len_kv in LONG_LENGTHS:  # every dtype/head dim/causal, GQA ratios rotated
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    cases.append((len_q, len_kv, dtype, head_dim, causal,
+                                  GQA_RATIOS[index % len(GQA_RATIOS)]))
+                    index += 1
+    return cases
+
+
+def _case_id(case):
+    len_q, len_kv, dtype, head_dim, causal, ratio = case
+    return (f"lq{len_q}-lk{len_kv}-{str(dtype).removeprefix('torch.')}-d{head_dim}-"
+            f"{'causal' if causal else 'full'}-gqa{ratio}")
+
+
+@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+def test_forward_matches_reference(case):
+    len_q, len_kv, dtype, head_dim, causal, ratio = case
+    seeded(case)
+    batch, heads_kv = 2, 2
+    q, k, v = make_qkv(batch, heads_kv * ratio, heads_kv, len_q, len_kv, head_dim, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    out, lse = call_op_on_poisoned_memory(q, k, v, causal, scale)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+    assert_close_to_reference(out, q, k, v, causal, scale, lse)
+
+    with tk.use_kernel("sm80"), tk.strict():
+        public = tk.attention(q, k, v, is_causal=causal, enable_gqa=ratio > 1)
+    assert torch.equal(public, out), "tk.attention differs from the op it calls"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_picks_a_kernel_and_matches_forced(dtype):
+    seeded("auto", dtype)
+    q, k, v = make_qkv(2, 8, 2, 300, 333, 128, dtype)
+    plan = tk.explain(q, k, v, is_causal=True, enable_gqa=True)
+    assert plan.uses_kernel, plan.reason
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    assert str(plan) == f"kernel tk.attention_fwd [sm80 mma.sync] {name} d=128 causal gqa=4"
+    with tk.strict():
+        auto = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+    with tk.use_kernel("sm80"), tk.strict():
+        forced = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(auto, forced)
+    assert_close_to_reference(auto, q, k, v, True, 1 / math.sqrt(128))
+
+
+def test_explicit_scale():
+    seeded("scale")
+    q, k, v = make_qkv(2, 4, 4, 200, 200, 64, torch.bfloat16)
+    for scale in (0.05, 0.3, -0.125):
+        with tk.strict():
+            out = tk.attention(q, k, v, scale=scale)
+        assert_close_to_reference(out, q, k, v, False, scale)
+
+
+# ---- layouts -------------------------------------------------------------------------------
+
+
+def test_transposed_inputs_are_read_in_place():
+    seeded("transposed")
+    b, l, h, d = 2, 300, 8, 128
+    q, k, v = (randn((b, l, h, d), torch.bfloat16).transpose(1, 2) for _ in range(3))
+    plan = tk.explain(q, k, v, is_causal=True)
+    assert plan.uses_kernel and not plan.copies, str(plan)
+    with tk.strict():
+        out = tk.attention(q, k, v, is_causal=True)
+    assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(d))
+
+
+def test_sliced_head_dim_inputs():
+    seeded("sliced")
+    # Row stride 136 (a multiple of 8): read in place.
+    q, k, v = (randn((2, 4, 257, 136), torch.float16)[..., :128] for _ in range(3))
+    assert not tk.explain(q, k, v).copies
+    with tk.strict():
+        out = tk.attention(q, k, v)
+    assert_close_to_reference(out, q, k, v, False, 1 / math.sqrt(128))
+    # Row stride 67: copied first.
+    q, k, v = (randn((2, 4, 257, 67), torch.float16)[..., :64] for _ in range(3))
+    assert tk.explain(q, k, v).copies == ("query", "key", "value")
+    with tk.strict():
+        out = tk.attention(q, k, v, is_causal=True)
+    assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(64))
+
+
+def test_misaligned_input_is_copied():
+    seeded("misaligned")
+    shape = (2, 4, 100, 64)
+    flat = randn((math.prod(shape) + 3,), torch.bfloat16)
+    q = flat[3:].view(shape)
+    assert q.data_ptr() % 16 != 0
+    k, v = randn(shape, torch.bfloat16), randn(shape, torch.bfloat16)
+    assert tk.explain(q, k, v).copies == ("query",)
+    with tk.strict():
+        out = tk.attention(q, k, v)
+    assert_close_to_reference(out, q, k, v, False, 1 / math.sqrt(64))
+
+
+@pytest.mark.parametrize("shape_q, shape_kv, causal", [
+    ((1, 70000, 16, 64), (1, 70000, 16, 64), False),
+    ((70000, 1, 16, 64), (70000, 1, 16, 64), True),
+    ((1, 70000, 16, 64), (1, 7000, 16, 64), True),
+])
+def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal):
+    seeded("large-bh", shape_q, shape_kv, causal)
+    q = randn(shape_q, torch.bfloat16)
+    k, v = randn(shape_kv, torch.bfloat16), randn(shape_kv, torch.bfloat16)
+    out, lse = call_op_on_poisoned_memory(q, k, v, causal, 0.125)
+    assert_close_to_reference(out, q, k, v, causal, 0.125, lse)
+
+
+def test_rank3_and_rank5_inputs():
+    seeded("ranks")
+    q3, k3, v3 = (randn((6, 129, 64), torch.bfloat16) for _ in range(3))
+    with tk.strict():
+        out3 = tk.attention(q3, k3, v3, is_causal=True)
+    assert out3.shape == (6, 129, 64)
+    assert_close_to_reference(out3.unsqueeze(0), q3.unsqueeze(0), k3.unsqueeze(0),
+                              v3.unsqueeze(0), True, 0.125)
+    q5 = randn((2, 3, 8, 65, 128), torch.float16)
+    k5, v5 = randn((2, 3, 2, 70, 128), torch.float16), randn((2, 3, 2, 70, 128), torch.float16)
+    with tk.strict():
+        out5 = tk.attention(q5, k5, v5, enable_gqa=True)
+    assert out5.shape == (2, 3, 8, 65, 128)
+    assert_close_to_reference(out5.flatten(0, 1), q5.flatten(0, 1), k5.flatten(0, 1),
+                              v5.flatten(0, 1), False, 1 / math.sqrt(128))
+
+
+# ---- devices, streams, graphs, compile -----------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device():
+    seeded("device1")
+    with torch.cuda.device(0):
+        q, k, v = make_qkv(2, 8, 2, 333, 333, 128, torch.bfloat16, device="cuda:1")
+        with tk.strict():
+            out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert out.device == torch.device("cuda:1")
+        out2, lse = torch.ops.tk.attention_fwd(q, k, v, True, 1 / math.sqrt(128))
+    torch.cuda.synchronize(1)
+    assert torch.equal(out, out2)
+    assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(128), lse)
+
+
+def test_runs_on_the_current_stream():
+    seeded("stream")
+    q, k, v = make_qkv(2, 4, 4, 512, 512, 64, torch.bfloat16)
+    q_new = randn(q.shape, torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        # The side stream is busy for a while before q is overwritten; a kernel launched on any
+        # other stream would read the old q.
+        torch.cuda._sleep(100_000_000)
+        q.copy_(q_new)
+        with tk.strict():
+            out = tk.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    assert_close_to_reference(out, q_new, k, v, False, 0.125)
+
+
+def test_cuda_graph_capture_and_replay():
+    seeded("graph")
+    q, k, v = make_qkv(2, 8, 2, 777, 777, 128, torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), tk.strict():
+        tk.attention(q, k, v, is_causal=True, enable_gqa=True)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), tk.strict():
+        static_out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        with tk.strict():
+            eager = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    seeded("compile")
+
+    def f(q, k, v):
+        return tk.attention(q, k, v, is_causal=True, enable_gqa=True) * 2
+
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.bfloat16)
+    with tk.strict():
+        eager = f(q, k, v)
+        compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((2, 8, 129, 64), (2, 2, 77, 64)),
+    ((1, 4, 1, 128), (1, 4, 300, 128)),
+])
+def test_opcheck(shapes):
+    seeded("opcheck", shapes)
+    q = randn(shapes[0], torch.bfloat16)
+    k, v = randn(shapes[1], torch.bfloat16), randn(shapes[1], torch.bfloat16)
+    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, v, True, 0.125))
+    torch.library.opcheck(torch.ops.tk.attention_fwd.default,
+                          (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, 0.3))
+
+
+# ---- the op's own checks (direct callers of torch.ops.tk.attention_fwd) --------------------
+
+
+def _direct(q=None, k=None, v=None):
+    base = make_qkv(1, 4, 4, 32, 32, 64, torch.bfloat16)
+    q, k, v = (given if given is not None else default for given, default in zip((q, k, v), base))
+    return torch.ops.tk.attention_fwd(q, k, v, False, 0.125)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _direct(q=randn((1, 4, 32, 96), torch.bfloat16)), "q head_dim must be 64 or 128"),
+    (lambda: _direct(q=randn((1, 4, 32, 64), torch.float32), k=randn((1, 4, 32, 64), torch.float32),
+                     v=randn((1, 4, 32, 64), torch.float32)), "q must be bfloat16 or float16"),
+    (lambda: _direct(k=randn((1, 4, 32, 64), torch.float16)), "k has dtype"),
+    (lambda: _direct(v=randn((1, 4, 32, 64), torch.bfloat16, device="cpu")), "v must be a CUDA tensor"),
+    (lambda: _direct(k=randn((1, 4, 32, 67), torch.bfloat16)[..., :64]),
+     "k: every stride except the last must be a multiple of 8"),
+    (lambda: _direct(v=randn((1, 4, 64, 32), torch.bfloat16).transpose(-1, -2)),
+     "v must have a contiguous last dimension"),
+    (lambda: _direct(q=randn((4 * 32 * 64 + 1,), torch.bfloat16)[1:].view(1, 4, 32, 64)),
+     "q: data pointer must be 16-byte aligned"),
+    (lambda: _direct(q=randn((1, 6, 32, 64), torch.bfloat16)), r"q heads \(6\) must be a multiple"),
+    (lambda: _direct(k=randn((1, 4, 0, 64), torch.bfloat16)), "k must not be empty"),
+    (lambda: _direct(q=randn((4, 32, 64), torch.bfloat16)), "q must be 4-D"),
+])
+def test_op_rejects_bad_inputs(make, message):
+    with pytest.raises(RuntimeError, match=message):
+        make()
+
+
+# ---- fallbacks on the GPU ------------------------------------------------------------------
+
+
+def test_fallback_attn_mask_gives_sdpa_answer():
+    seeded("mask")
+    q, k, v = make_qkv(2, 4, 4, 100, 120, 64, torch.bfloat16)
+    mask = torch.rand(100, 120, device="cuda") > 0.2
+    assert str(tk.explain(q, k, v, attn_mask=mask)) == \
+        "fallback torch SDPA: attn_mask is not supported by the kernel yet"
+    out = tk.attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    with tk.strict(), pytest.raises(tk.FallbackError, match="attn_mask"):
+        tk.attention(q, k, v, attn_mask=mask)
+
+
+def test_fallback_dropout():
+    seeded("dropout")
+    q, k, v = make_qkv(2, 4, 4, 100, 100, 64, torch.bfloat16)
+    assert "dropout_p > 0 is not supported" in str(tk.explain(q, k, v, dropout_p=0.1))
+    out = tk.attention(q, k, v, dropout_p=0.1)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype, head_dim, reason", [
+    (torch.float32, 64, "dtype torch.float32 is not supported"),
+    (torch.bfloat16, 96, "head dim 96 is not supported"),
+    (torch.float16, 256, "head dim 256 is not supported"),
+])
+def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
+    seeded("unsupported", dtype, head_dim)
+    q, k, v = make_qkv(2, 4, 4, 100, 100, head_dim, dtype)
+    assert reason in str(tk.explain(q, k, v))
+    torch.testing.assert_close(tk.attention(q, k, v, is_causal=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_fallback_requires_grad_and_gradients_flow():
+    seeded("grad")
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 4, 100, 100, 64, torch.bfloat16))
+    assert "requires grad" in str(tk.explain(q, k, v))
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    tk.attention(q, k, v, is_causal=True).backward(grad_out)
+    ours = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
+    for mine, theirs in zip(ours, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(mine, theirs)
+    with torch.no_grad():
+        assert tk.explain(q, k, v).uses_kernel

@@ -1,0 +1,72 @@
+"""The package imports without a GPU, knows what it was built with, and explains a broken
+extension instead of failing obscurely."""
+
+import importlib.metadata
+import sys
+
+import pytest
+import torch
+
+import thunderkittens as tk
+from thunderkittens import _extension
+
+
+def test_version_matches_metadata():
+    assert tk.__version__ == importlib.metadata.version("thunderkittens")
+
+
+def test_ops_are_registered():
+    schema = str(torch.ops.tk.attention_fwd.default._schema)
+    assert schema == ("tk::attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, "
+                      "float scale) -> (Tensor out, Tensor lse)")
+
+
+def test_build_facts():
+    assert tk.BUILT_ARCHS, "the extension reports no CUDA targets"
+    assert tk.BUILT_OPS <= {"attention"}
+    summary = tk.build_summary()
+    assert ",".join(tk.BUILT_ARCHS) in summary and torch.__version__ in summary
+
+
+def test_build_record_matches_extension():
+    from thunderkittens import _build_info
+    assert list(_build_info.CUDA_ARCHS) == list(tk.BUILT_ARCHS)
+    assert sorted(_build_info.OPS) == sorted(tk.BUILT_OPS)
+    assert _build_info.TORCH_VERSION == torch.__version__
+    assert _extension._C.torch_version == torch.__version__
+
+
+def test_import_error_says_what_was_built_and_how_to_rebuild(monkeypatch):
+    import thunderkittens
+    monkeypatch.delattr(thunderkittens, "_C")
+    monkeypatch.setitem(sys.modules, "thunderkittens._C", None)  # makes the import fail
+    with pytest.raises(ImportError) as info:
+        _extension._load_extension()
+    message = str(info.value)
+    assert "cannot load the compiled extension thunderkittens._C" in message
+    assert "CUDA targets" in message and f"running: torch {torch.__version__}" in message
+    assert "pip install --no-build-isolation ." in message
+
+
+def test_import_error_without_build_record(monkeypatch):
+    import thunderkittens
+    monkeypatch.delattr(thunderkittens, "_build_info", raising=False)
+    monkeypatch.setitem(sys.modules, "thunderkittens._build_info", None)
+    assert "no build record" in _extension.describe_build_record()
+
+
+@pytest.mark.parametrize("targets, capability, expected", [
+    ((("80", "89", "90a")), (8, 0), True),
+    ((("80", "89", "90a")), (8, 6), True),    # sm_80 code runs on sm_86
+    ((("80", "89", "90a")), (9, 0), True),    # via 90a
+    ((("80", "89", "90a")), (10, 0), False),  # no PTX, no sm_100 code
+    ((("90a",)), (8, 0), False),
+    ((("90a",)), (9, 0), True),
+    ((("80",)), (9, 0), False),               # machine code does not cross major versions
+    ((("80+PTX",)), (12, 0), True),           # PTX is JIT-compiled for newer GPUs
+    ((("86",)), (8, 0), False),               # nor run on an older minor
+    ((("100a",)), (10, 0), True),
+])
+def test_has_kernel_image_for(monkeypatch, targets, capability, expected):
+    monkeypatch.setattr(_extension, "_TARGETS", tuple(_extension._parse_target(t) for t in targets))
+    assert _extension.has_kernel_image_for(capability) is expected
