@@ -165,10 +165,14 @@ def test_auto_picks_a_kernel_and_matches_forced(dtype):
 def test_explicit_scale():
     seeded("scale")
     q, k, v = make_qkv(2, 4, 4, 200, 200, 64, torch.bfloat16)
-    for scale in (0.05, 0.3, -0.125):
+    for scale in (0.05, 0.3, 2.0):
         with tk.strict():
             out = tk.attention(q, k, v, scale=scale)
         assert_close_to_reference(out, q, k, v, False, scale)
+    # Non-positive scales take the SDPA path (the kernel's running max assumes scale > 0).
+    for scale in (-0.125, 0.0):
+        assert not tk.explain(q, k, v, scale=scale).uses_kernel
+        assert_close_to_reference(tk.attention(q, k, v, scale=scale), q, k, v, False, scale)
 
 
 # ---- layouts -------------------------------------------------------------------------------

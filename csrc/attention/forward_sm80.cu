@@ -146,15 +146,20 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::mul(row_sum, row_sum, rescale);
         kt::row_sum(row_sum, s, row_sum);
 
-        // O = O * alpha + P V over 16-wide slices of the head dim.
-        kt::rt<T, ROWS_PER_WARP, BLOCK_KV> p;
-        kt::copy(p, s);
+        // O = O * alpha + P V, one 16-key slice of P at a time (bf16 P and V slices
+        // stay small, which keeps d=128 within the register file).
 #pragma unroll
-        for (int d = 0; d < K_STEPS; d++) {
-            kt::rt<T, BLOCK_KV, kt::TILE_DIM, kt::col_l> v_slice;
-            kt::load(v_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(v_smem[stage], 0, d));
-            kt::mul_row(o[d], o[d], rescale);
-            kt::mma_AB(o[d], p, v_slice, o[d]);
+        for (int d = 0; d < K_STEPS; d++) kt::mul_row(o[d], o[d], rescale);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_KV / kt::TILE_DIM; kk++) {
+            kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> p;
+            kt::slice_cols(p, s, kk * kt::TILE_DIM);
+#pragma unroll
+            for (int d = 0; d < K_STEPS; d++) {
+                kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l> v_sub;
+                kt::load(v_sub, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(v_smem[stage], kk, d));
+                kt::mma_AB(o[d], p, v_sub, o[d]);
+            }
         }
     }
 

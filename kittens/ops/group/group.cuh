@@ -32,7 +32,11 @@ struct group {
 
     // Visit the tile's 16-byte chunks, spread over the group's threads so that
     // consecutive threads touch consecutive chunks of a row (coalesced).
-    // f(row, col, global_row, global_col, valid_elements).
+    // f(row, col, global_pointer, valid_elements): valid_elements < 16 bytes' worth
+    // only at the tensor's edge, where an out-of-range chunk gets 0 and the tensor's
+    // base pointer (a valid address that is never read).
+    // A tile wholly inside the tensor (every tile but the last in each dim) takes a
+    // branch with no per-chunk bounds arithmetic: one pointer add per chunk.
     template <typename ST, typename GL, typename F>
     __device__ static void for_each_chunk(const GL& g, coord at, F&& f) {
         using T = typename ST::dtype;
@@ -40,13 +44,35 @@ struct group {
         constexpr int chunks_per_row = ST::cols / per_chunk;
         constexpr int chunks = ST::rows * chunks_per_row;
         const int row0 = at.r * ST::rows, col0 = at.c * ST::cols;
+        T* const tile = g.ptr(at.b, at.h, row0, col0);
+        const int64_t row_stride = g.row_stride;
+        if (row0 + ST::rows <= g.rows() && col0 + ST::cols <= g.cols()) {
+            if constexpr (threads % chunks_per_row == 0) {
+                // Each thread keeps one column and steps down a fixed number of rows:
+                // the global pointer advances by a constant (no per-chunk multiply).
+                constexpr int rows_per_step = threads / chunks_per_row;
+                const int r0 = thread() / chunks_per_row, c = (thread() % chunks_per_row) * per_chunk;
+                T* p = tile + r0 * row_stride + c;
+                const int64_t step = rows_per_step * row_stride;
 #pragma unroll
-        for (int i = thread(); i < chunks; i += threads) {
-            const int r = i / chunks_per_row, c = (i % chunks_per_row) * per_chunk;
-            const int gr = row0 + r, gc = col0 + c;
-            const int in_cols = g.cols() - gc;
-            const int valid = gr < g.rows() ? (in_cols < 0 ? 0 : in_cols < per_chunk ? in_cols : per_chunk) : 0;
-            f(r, c, gr, gc, valid);
+                for (int k = 0; k < ceil_div(ST::rows, rows_per_step); k++)
+                    if (ST::rows % rows_per_step == 0 || r0 + k * rows_per_step < ST::rows)
+                        f(r0 + k * rows_per_step, c, p + k * step, per_chunk);
+            } else {
+#pragma unroll
+                for (int i = thread(); i < chunks; i += threads) {
+                    const int r = i / chunks_per_row, c = (i % chunks_per_row) * per_chunk;
+                    f(r, c, tile + r * row_stride + c, per_chunk);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = thread(); i < chunks; i += threads) {
+                const int r = i / chunks_per_row, c = (i % chunks_per_row) * per_chunk;
+                const int in_cols = g.cols() - (col0 + c);
+                const int valid = row0 + r < g.rows() ? (in_cols < 0 ? 0 : in_cols < per_chunk ? in_cols : per_chunk) : 0;
+                f(r, c, valid > 0 ? tile + r * row_stride + c : g.raw, valid);
+            }
         }
     }
 
@@ -57,13 +83,12 @@ struct group {
         using ST = std::remove_cvref_t<STRef>;
         using T = typename ST::dtype;
         static_assert(std::same_as<T, typename GL::dtype>, "load: shared and global element types differ");
-        for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {
+        for_each_chunk<ST>(src, at, [&](int r, int c, const T* s, int valid) {
             T* d = dst.ptr(r, c);
             if (valid == 16 / int(sizeof(T))) {
-                *reinterpret_cast<float4*>(d) = *reinterpret_cast<const float4*>(src.ptr(at.b, at.h, gr, gc));
+                *reinterpret_cast<float4*>(d) = *reinterpret_cast<const float4*>(s);
             } else {
-                for (int e = 0; e < 16 / int(sizeof(T)); e++)
-                    d[e] = e < valid ? *src.ptr(at.b, at.h, gr, gc + e) : convert<T>(0.f);
+                for (int e = 0; e < 16 / int(sizeof(T)); e++) d[e] = e < valid ? s[e] : convert<T>(0.f);
             }
         });
     }
@@ -77,9 +102,7 @@ struct group {
         using ST = std::remove_cvref_t<STRef>;
         using T = typename ST::dtype;
         static_assert(std::same_as<T, typename GL::dtype>, "load_async: shared and global element types differ");
-        for_each_chunk<ST>(src, at, [&](int r, int c, int gr, int gc, int valid) {
-            // Out-of-range chunks still need a valid source address; zero bytes are read.
-            const T* s = valid > 0 ? src.ptr(at.b, at.h, gr, gc) : src.raw;
+        for_each_chunk<ST>(src, at, [&](int r, int c, const T* s, int valid) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst.address(r, c)), "l"(s),
                          "r"(valid * int(sizeof(T)))
                          : "memory");
@@ -91,12 +114,12 @@ struct group {
     __device__ static void store(const GL& dst, const ST& src, coord at) {
         using T = typename ST::dtype;
         static_assert(std::same_as<T, typename GL::dtype>, "store: shared and global element types differ");
-        for_each_chunk<ST>(dst, at, [&](int r, int c, int gr, int gc, int valid) {
+        for_each_chunk<ST>(dst, at, [&](int r, int c, T* d, int valid) {
             const T* s = src.ptr(r, c);
             if (valid == 16 / int(sizeof(T))) {
-                *reinterpret_cast<float4*>(dst.ptr(at.b, at.h, gr, gc)) = *reinterpret_cast<const float4*>(s);
+                *reinterpret_cast<float4*>(d) = *reinterpret_cast<const float4*>(s);
             } else {
-                for (int e = 0; e < valid; e++) *dst.ptr(at.b, at.h, gr, gc + e) = s[e];
+                for (int e = 0; e < valid; e++) d[e] = s[e];
             }
         });
     }

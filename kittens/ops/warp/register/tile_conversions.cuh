@@ -78,3 +78,25 @@ __device__ __forceinline__ void transpose(RD& dst, const RS& src) {
 }
 
 }  // namespace kittens
+
+namespace kittens {
+
+// dst = the columns [col0, col0 + dst.cols) of src, in src's element type or
+// converted to dst's. col0 must be a multiple of 16 and known once the caller's
+// loops are unrolled (a run-time index would move the tile to local memory); the
+// move itself is only register renaming.
+template <register_tile RD, register_tile RS>
+__device__ __forceinline__ void slice_cols(RD& dst, const RS& src, int col0) {
+    static_assert(RD::rows == RS::rows && RD::cols <= RS::cols, "slice_cols: dst must be a column slice of src");
+    static_assert(std::same_as<typename RD::layout, typename RS::layout>, "slice_cols: same layout");
+#pragma unroll
+    for (int i = 0; i < RD::height; i++)
+#pragma unroll
+        for (int j = 0; j < RD::width; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                dst.tiles[i][j].data[k] = convert_pair<typename RD::dtype, typename RS::dtype>(
+                    src.tiles[i][col0 / TILE_DIM + j].data[k]);
+}
+
+}  // namespace kittens

@@ -29,40 +29,57 @@ __device__ __forceinline__ void reduce_across_lanes(V& v) {
         }
 }
 
-// dst[r] = op over c of src[r][c]  (op folded with accum[r] when given)
-template <typename Op, bool Accumulate, register_tile RT>
-__device__ __forceinline__ void row_reduce(typename RT::col_vec& dst, const RT& src, const typename RT::col_vec& accum) {
-    using V = typename RT::col_vec;
-    V partial;
-    fill(partial, Op::identity());
-    for_each_element(src, [&](int i, int, int k, int h, const typename RT::dtype& e) {
-        const int s = layout_math::row_slot(RT::frag, k, h);
-        partial.data[i][s] = Op::op(partial.data[i][s], convert<float>(e));
+// Folds src along its rows (ALONG_ROWS: one value per row, into a col_vec) or its
+// columns (one value per column, into a row_vec), then combines lanes. Each base
+// tile along the reduced dim gets its own partial, and the partials meet in a
+// tree: the dependency chain is 4 + log2(tiles) ops long, not 4 * tiles.
+template <typename Op, bool ALONG_ROWS, bool Accumulate, register_tile RT, register_vector V>
+__device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accum) {
+    constexpr int outer = ALONG_ROWS ? RT::height : RT::width;  // one result tile each
+    constexpr int inner = ALONG_ROWS ? RT::width : RT::height;  // reduced over
+    float partial[outer][inner][V::slots];
+#pragma unroll
+    for (int o = 0; o < outer; o++)
+#pragma unroll
+        for (int n = 0; n < inner; n++)
+#pragma unroll
+            for (int s = 0; s < V::slots; s++) partial[o][n][s] = Op::identity();
+    for_each_element(src, [&](int i, int j, int k, int h, const typename RT::dtype& e) {
+        const int o = ALONG_ROWS ? i : j, n = ALONG_ROWS ? j : i;
+        const int s = ALONG_ROWS ? layout_math::row_slot(RT::frag, k, h) : layout_math::col_slot(RT::frag, k, h);
+        partial[o][n][s] = Op::op(partial[o][n][s], convert<float>(e));
     });
-    reduce_across_lanes<Op>(partial);
+#pragma unroll
+    for (int stride = 1; stride < inner; stride *= 2)
+#pragma unroll
+        for (int n = 0; n + stride < inner; n += 2 * stride)
+#pragma unroll
+            for (int o = 0; o < outer; o++)
+#pragma unroll
+                for (int s = 0; s < V::slots; s++) partial[o][n][s] = Op::op(partial[o][n][s], partial[o][n + stride][s]);
+    V result;
+#pragma unroll
+    for (int o = 0; o < outer; o++)
+#pragma unroll
+        for (int s = 0; s < V::slots; s++) result.data[o][s] = partial[o][0][s];
+    reduce_across_lanes<Op>(result);
 #pragma unroll
     for (int t = 0; t < V::tiles; t++)
 #pragma unroll
         for (int s = 0; s < V::slots; s++)
-            dst.data[t][s] = Accumulate ? Op::op(partial.data[t][s], accum.data[t][s]) : partial.data[t][s];
+            dst.data[t][s] = Accumulate ? Op::op(result.data[t][s], accum.data[t][s]) : result.data[t][s];
+}
+
+// dst[r] = op over c of src[r][c]  (op folded with accum[r] when given)
+template <typename Op, bool Accumulate, register_tile RT>
+__device__ __forceinline__ void row_reduce(typename RT::col_vec& dst, const RT& src, const typename RT::col_vec& accum) {
+    tile_reduce<Op, true, Accumulate>(dst, src, accum);
 }
 
 // dst[c] = op over r of src[r][c]  (op folded with accum[c] when given)
 template <typename Op, bool Accumulate, register_tile RT>
 __device__ __forceinline__ void col_reduce(typename RT::row_vec& dst, const RT& src, const typename RT::row_vec& accum) {
-    using V = typename RT::row_vec;
-    V partial;
-    fill(partial, Op::identity());
-    for_each_element(src, [&](int, int j, int k, int h, const typename RT::dtype& e) {
-        const int s = layout_math::col_slot(RT::frag, k, h);
-        partial.data[j][s] = Op::op(partial.data[j][s], convert<float>(e));
-    });
-    reduce_across_lanes<Op>(partial);
-#pragma unroll
-    for (int t = 0; t < V::tiles; t++)
-#pragma unroll
-        for (int s = 0; s < V::slots; s++)
-            dst.data[t][s] = Accumulate ? Op::op(partial.data[t][s], accum.data[t][s]) : partial.data[t][s];
+    tile_reduce<Op, false, Accumulate>(dst, src, accum);
 }
 
 #define KITTENS_REDUCTION(name, Op, dir, vec)                                                                     \
