@@ -108,8 +108,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::zero(s);
 #pragma unroll
         for (int d = 0; d < K_STEPS; d++) {
-            kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;
-            kt::load(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
+            kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;  // K is the B operand of Q K^T
+            kt::load<kt::mma_operand::b>(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
             if constexpr (Q_IN_REGISTERS) {
                 kt::mma_ABt(s, q_reg[d], k_slice, s);
             } else {

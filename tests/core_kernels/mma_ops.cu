@@ -22,10 +22,13 @@ __device__ void mma_case(char* smem, const gl<T>& a_gl, const gl<T>& b_gl, const
     const int w = warp_id();
     // This warp's 16 rows of op(A): rows of A, or columns of the stored A^T.
     std::conditional_t<AT, rt<T, K, 16, col_l>, rt<T, 16, K, row_l>> a;
-    if constexpr (AT) load(a, subtile<K, 16>(sa, 0, w));
-    else load(a, subtile<16, K>(sa, w, 0));
+    // Operands are loaded in their mma's register grouping (load<mma_operand::...>), which
+    // covers the swapped-quadrant ldmatrix orders (a col tile as A, a row tile as B); the
+    // round-trip tests cover the natural order.
+    if constexpr (AT) load<mma_operand::a>(a, subtile<K, 16>(sa, 0, w));
+    else load<mma_operand::a>(a, subtile<16, K>(sa, w, 0));
     std::conditional_t<BT, rt<T, N, K, row_l>, rt<T, K, N, col_l>> b;
-    load(b, sb);
+    load<mma_operand::b>(b, sb);
     rt_fl<16, N> c, d;
     load(c, c_gl, coord{0, 0, w, 0});
 

@@ -17,8 +17,22 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, boo
 }
 }  // namespace detail
 
-// dst = src (a shared tile or sub-tile view of the same shape).
-template <register_tile RT, shared_tile ST>
+// How the registers of a 16-bit tile will be consumed by mma. ldmatrix writes a
+// tile's four quadrants into four consecutive registers, and mma wants an A operand
+// as four consecutive registers in quadrant order (0,1,2,3) and each n8 half of a B
+// operand as two consecutive registers: (0,1),(2,3) for a col tile, (0,2),(1,3) for a
+// row tile (B^T). Loading quadrants in the order the consumer wants saves the
+// register moves the compiler would otherwise insert before every mma. The choice
+// changes only register allocation, never the tile's contents.
+enum class mma_operand { a, b };
+
+// The natural use: row tiles feed A (mma_AB/mma_ABt), col tiles feed B.
+template <register_tile RT>
+inline constexpr mma_operand natural_operand = std::same_as<typename RT::layout, row_l> ? mma_operand::a : mma_operand::b;
+
+// dst = src (a shared tile or sub-tile view of the same shape). USE says which mma
+// operand dst will be (see mma_operand); e.g. K in S = Q K^T is a row tile used as B.
+template <mma_operand USE, register_tile RT, shared_tile ST>
 __device__ __forceinline__ void load(RT& dst, const ST& src) {
     static_assert(RT::rows == ST::rows && RT::cols == ST::cols, "load: register and shared tile shapes differ");
     using T = typename RT::dtype;
@@ -26,21 +40,34 @@ __device__ __forceinline__ void load(RT& dst, const ST& src) {
     const int lane = lane_id();
     if constexpr (half_precision<T> && std::same_as<T, S>) {
         constexpr bool trans = std::same_as<typename RT::layout, col_l>;
-        const int r = layout_math::ldmatrix_row(lane), c = layout_math::ldmatrix_col(lane);
+        // Quadrant q (0..3) lands in register slot[q]. Slots follow the consumer's
+        // grouping: A (and a col tile's B) want quadrants in order; a row tile's B and
+        // a col tile's A want quadrants 1 and 2 swapped.
+        constexpr bool swap_middle = (USE == mma_operand::b) != trans;
+        const int quadrant_of_lane = lane / 8;
+        const int q = swap_middle && (quadrant_of_lane == 1 || quadrant_of_lane == 2) ? 3 - quadrant_of_lane
+                                                                                      : quadrant_of_lane;
+        const int r = lane % 8 + 8 * (q % 2), c = 8 * (q / 2);
 #pragma unroll
         for (int i = 0; i < RT::height; i++)
 #pragma unroll
             for (int j = 0; j < RT::width; j++) {
                 uint32_t regs[4];
                 detail::ldmatrix_x4(regs, src.address(i * TILE_DIM + r, j * TILE_DIM + c), trans);
+                constexpr int slot[4] = {0, swap_middle ? 2 : 1, swap_middle ? 1 : 2, 3};
 #pragma unroll
-                for (int k = 0; k < 4; k++) dst.tiles[i][j].data[k] = *reinterpret_cast<packed<T>*>(&regs[k]);
+                for (int k = 0; k < 4; k++) dst.tiles[i][j].data[slot[k]] = *reinterpret_cast<packed<T>*>(&regs[k]);
             }
     } else {
         for_each_element(dst, [&](int i, int j, int k, int h, T& e) {
             e = convert<T>(*src.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)));
         });
     }
+}
+
+template <register_tile RT, shared_tile ST>
+__device__ __forceinline__ void load(RT& dst, const ST& src) {
+    load<natural_operand<RT>>(dst, src);
 }
 
 // dst = src, converting to the shared tile's element type.
