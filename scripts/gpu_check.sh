@@ -90,6 +90,11 @@ NVCC_LINE=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*, V[0-9.]*')
 echo "GPU: $GPU_LINE"; echo "$TORCH_LINE"; echo "nvcc: $NVCC_LINE"
 
 # ---- build ----------------------------------------------------------------------------------
+# The lent H200 sets CXX to a wrapper (/opt/gcc/bin/g++) that links libstdc++ statically into
+# shared objects; a second libstdc++ inside _C crashed (SIGSEGV in ostream) on the first
+# TORCH_CHECK message that formats a number. Build with the system g++ (first on PATH there)
+# unless TK_CXX names another; the check after the build catches a static libstdc++ anyway.
+export CXX=${TK_CXX:-g++}
 if want build; then
     banner "build (TK_CUDA_ARCHS=$TK_CUDA_ARCHS, MAX_JOBS=$MAX_JOBS)"
     run_step build 480 env TK_PTXAS_VERBOSE=1 \
@@ -111,6 +116,10 @@ if want build; then
 fi
 
 SO=$(ls "$ROOT"/python/thunderkittens/_C*.so 2>/dev/null | head -1)
+if want build && [[ -n $SO ]] && ! ldd "$SO" | grep -q 'libstdc++'; then
+    note "build      FAILED: _C has libstdc++ linked in statically (CXX=$CXX); C++ exceptions can crash"
+    FAILED=1
+fi
 
 # The later steps must import this tree's build. The editable install does that; if it is gone
 # (a later call on the machine) or another copy shadows it, put the tree first on the path. Not

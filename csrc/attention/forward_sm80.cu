@@ -70,8 +70,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     const int kv_tiles_all = kt::ceil_div(len_kv, BLOCK_KV);
     const int kv_tiles = CAUSAL ? min(kv_tiles_all, ((q_block + 1) * BLOCK_Q - 1) / BLOCK_KV + 1) : kv_tiles_all;
 
+    // Prologue in two groups, so the first S = Q K^T starts while V_0 is in flight.
     kt::warpgroup::load_async(q_smem, g.q, {b, h, q_block, 0});
     kt::warpgroup::load_async(k_smem[0], g.k, {b, h_kv, 0, 0});
+    kt::cp_async_commit();
     kt::warpgroup::load_async(v_smem[0], g.v, {b, h_kv, 0, 0});
     kt::cp_async_commit();
 
@@ -87,7 +89,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
     for (int j = 0; j < kv_tiles; j++) {
         const int stage = j % STAGES;
-        kt::cp_async_wait<0>();
+        if (j == 0) kt::cp_async_wait<1>();  // Q and K_0 (V_0 may still be landing)
+        else kt::cp_async_wait<0>();
         __syncthreads();  // tile j visible to all warps; everyone is done with tile j-1's stage
         if (j + 1 < kv_tiles) {
             kt::warpgroup::load_async(k_smem[(j + 1) % STAGES], g.k, {b, h_kv, j + 1, 0});
@@ -146,6 +149,12 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::mul(row_sum, row_sum, rescale);
         kt::row_sum(row_sum, s, row_sum);
 
+        if (j == 0) {  // no warp skips tile 0, so every warp reaches this barrier
+            if (kv_tiles > 1) kt::cp_async_wait<1>();  // V_0 (tile 1's group may be in flight)
+            else kt::cp_async_wait<0>();
+            __syncthreads();
+        }
+
         // O = O * alpha + P V, one 16-key slice of P at a time (bf16 P and V slices
         // stay small, which keeps d=128 within the register file).
 #pragma unroll
@@ -164,6 +173,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     }
 
     // Epilogue: O / l through this warp's rows of the Q tile, then coalesced stores.
+    // The warp's last ldmatrix reads of those rows (other lanes' addresses) come first.
+    __syncwarp();
     auto o_smem = kt::subtile<ROWS_PER_WARP, D>(q_smem, warp, 0);
 #pragma unroll
     for (int d = 0; d < K_STEPS; d++) {

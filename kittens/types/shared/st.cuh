@@ -13,6 +13,7 @@ struct alignas(1024) st {
     static constexpr int rows = R, cols = C;
     static constexpr int swizzle_bytes = layout_math::swizzle_bytes_for_width(C * int(sizeof(T)));
     static constexpr int panel_cols = swizzle_bytes / int(sizeof(T));
+    static constexpr int row_bytes = swizzle_bytes;  // address step of one row inside a panel
 
     T data[R * C];
 
@@ -34,6 +35,7 @@ struct st_view {
     static_assert(SR <= ST::rows && SC <= ST::cols, "sub-tile larger than its tile");
     using dtype = typename ST::dtype;
     static constexpr int rows = SR, cols = SC;
+    static constexpr int row_bytes = ST::row_bytes;
     ST* parent;
     int row0, col0;
 

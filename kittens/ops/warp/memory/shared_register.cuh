@@ -49,15 +49,20 @@ __device__ __forceinline__ void load(RT& dst, const ST& src) {
                                                                                       : quadrant_of_lane;
         const int r = lane % 8 + 8 * (q % 2), c = 8 * (q / 2);
 #pragma unroll
-        for (int i = 0; i < RT::height; i++)
+        for (int j = 0; j < RT::width; j++) {
+            // Moving down 16 rows adds a lane-independent 16 * row_bytes (the swizzle
+            // depends on the row only modulo 8), so one address per column of base
+            // tiles is computed and the rest become immediate offsets of ldmatrix.
+            const uint32_t column_base = src.address(r, j * TILE_DIM + c);
 #pragma unroll
-            for (int j = 0; j < RT::width; j++) {
+            for (int i = 0; i < RT::height; i++) {
                 uint32_t regs[4];
-                detail::ldmatrix_x4(regs, src.address(i * TILE_DIM + r, j * TILE_DIM + c), trans);
+                detail::ldmatrix_x4(regs, column_base + uint32_t(i * TILE_DIM * ST::row_bytes), trans);
                 constexpr int slot[4] = {0, swap_middle ? 2 : 1, swap_middle ? 1 : 2, 3};
 #pragma unroll
                 for (int k = 0; k < 4; k++) dst.tiles[i][j].data[slot[k]] = *reinterpret_cast<packed<T>*>(&regs[k]);
             }
+        }
     } else {
         for_each_element(dst, [&](int i, int j, int k, int h, T& e) {
             e = convert<T>(*src.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)));
