@@ -169,10 +169,15 @@ def test_explicit_scale():
         with tk.strict():
             out = tk.attention(q, k, v, scale=scale)
         assert_close_to_reference(out, q, k, v, False, scale)
-    # Non-positive scales take the SDPA path (the kernel's running max assumes scale > 0).
+    # Non-positive scales take the SDPA math path (the kernel's running max assumes scale > 0,
+    # and so do SDPA's fused backends, which return NaN here): compared with the reference
+    # directly, since the fused SDPA error is no yardstick.
     for scale in (-0.125, 0.0):
         assert not tk.explain(q, k, v, scale=scale).uses_kernel
-        assert_close_to_reference(tk.attention(q, k, v, scale=scale), q, k, v, False, scale)
+        out = tk.attention(q, k, v, scale=scale)
+        assert torch.isfinite(out).all()
+        ref_out, _ = reference_attention(q, k, v, False, scale)
+        torch.testing.assert_close(out.double(), ref_out, atol=2e-2, rtol=2e-2)
 
 
 # ---- layouts -------------------------------------------------------------------------------

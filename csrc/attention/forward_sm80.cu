@@ -2,7 +2,8 @@
 // and Hopper when forced), written in the tile core's warp ops.
 //
 // One block computes BLOCK_Q = 128 query rows of one (batch, head) with 4 warps,
-// 32 rows each, streaming the head's keys and values in BLOCK_KV = 64 row tiles
+// 32 rows each, streaming the head's keys and values in tiles of BLOCK_KV rows
+// (128 for d=64, 64 for d=128: the score tile and O then take the same registers)
 // through a two-stage cp.async ring. Per key tile a warp computes
 //   S = Q K^T                    (fp32 accumulators)
 //   m = max(m, rowmax(S))        (online softmax in base 2)
@@ -23,7 +24,10 @@ namespace kt = kittens;
 constexpr int WARPS = 4;
 constexpr int ROWS_PER_WARP = 32;
 constexpr int BLOCK_Q = WARPS * ROWS_PER_WARP;
-constexpr int BLOCK_KV = 64;
+// Key/value rows per tile: S (32 x BLOCK_KV fp32) plus O (32 x D fp32) must fit with
+// room to spare in 255 registers; a longer tile halves the per-tile overhead (barrier,
+// O rescale, softmax bookkeeping).
+template <int D> constexpr int BLOCK_KV = D <= 64 ? 128 : 64;
 constexpr int STAGES = 2;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -31,7 +35,7 @@ constexpr float LN2 = 0.6931471805599453f;
 template <typename T, int D>
 struct SharedTiles {
     using q_tile = kt::st<T, BLOCK_Q, D>;
-    using kv_tile = kt::st<T, BLOCK_KV, D>;
+    using kv_tile = kt::st<T, BLOCK_KV<D>, D>;
     static constexpr int bytes = kt::shared_bytes_for<q_tile, kv_tile[STAGES], kv_tile[STAGES]>();
 };
 
@@ -47,7 +51,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
                    const int group_size) {
     using S = SharedTiles<T, D>;
     constexpr int K_STEPS = D / kt::TILE_DIM;     // 16-wide slices of the head dim
-    constexpr bool Q_IN_REGISTERS = D <= 64;      // d=128 would not leave registers for O
+    constexpr int BLOCK_KV = attention::BLOCK_KV<D>;
+    // Q slices are re-read from shared memory for every key tile: keeping Q in registers
+    // would not leave room for S and O.
+    constexpr bool Q_IN_REGISTERS = false;
 
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);

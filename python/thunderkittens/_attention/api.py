@@ -6,6 +6,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _config
 from ..errors import FallbackError
@@ -56,14 +57,25 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if family is None:
         if _config.strict_enabled():
             raise FallbackError(f"tk.attention would fall back to torch SDPA: {reason}")
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                              dropout_p=dropout_p, is_causal=is_causal,
-                                              scale=scale, enable_gqa=enable_gqa)
+        return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     head_dim = query.shape[-1]
     softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     out, _lse = _OPS[family.name](kernel_operand(query), kernel_operand(key),
                                   kernel_operand(value), is_causal, softmax_scale)
     return out.view(tuple(query.shape[:-1]) + (head_dim,))
+
+
+def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """The fallback: F.scaled_dot_product_attention. For a scale <= 0 it is pinned to the math
+    backend: the fused backends take the running max of unscaled scores, which is only right
+    for a positive scale (on an H200 with torch 2.11 they returned NaN for scale=-0.125)."""
+    call = lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,  # noqa: E731
+                                                  dropout_p=dropout_p, is_causal=is_causal,
+                                                  scale=scale, enable_gqa=enable_gqa)
+    if scale is not None and scale <= 0 and query.device.type == "cuda":
+        with sdpa_kernel(SDPBackend.MATH):
+            return call()
+    return call()
 
 
 def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
