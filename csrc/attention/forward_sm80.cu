@@ -52,9 +52,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     using S = SharedTiles<T, D>;
     constexpr int K_STEPS = D / kt::TILE_DIM;     // 16-wide slices of the head dim
     constexpr int BLOCK_KV = attention::BLOCK_KV<D>;
-    // Q slices are re-read from shared memory for every key tile: keeping Q in registers
-    // would not leave room for S and O.
-    constexpr bool Q_IN_REGISTERS = false;
 
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
@@ -86,9 +83,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
     using score_tile = kt::rt_fl<ROWS_PER_WARP, BLOCK_KV>;
     using row_values = typename score_tile::col_vec;
-    kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_reg[Q_IN_REGISTERS ? K_STEPS : 1];
     kt::rt_fl<ROWS_PER_WARP, kt::TILE_DIM> o[K_STEPS];  // O in 16-column slices
-    row_values row_max, row_sum;                        // running max of raw scores, sum of P
+    row_values row_max, row_sum;  // running max of raw scores; sum of P (this lane's share)
     kt::neg_infty(row_max);
     kt::zero(row_sum);
 #pragma unroll
@@ -99,34 +95,25 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         if (j == 0) kt::cp_async_wait<1>();  // Q and K_0 (V_0 may still be landing)
         else kt::cp_async_wait<0>();
         __syncthreads();  // tile j visible to all warps; everyone is done with tile j-1's stage
-        if (j + 1 < kv_tiles) {
+        if (j + 1 < kv_tiles) {  // tile j+1 into the stage tile j-1 used
             kt::warpgroup::load_async(k_smem[(j + 1) % STAGES], g.k, {b, h_kv, j + 1, 0});
             kt::warpgroup::load_async(v_smem[(j + 1) % STAGES], g.v, {b, h_kv, j + 1, 0});
             kt::cp_async_commit();
         }
-        if (Q_IN_REGISTERS && j == 0) {
-#pragma unroll
-            for (int d = 0; d < K_STEPS; d++)
-                kt::load(q_reg[d], kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
-        }
-
         const int kv_col0 = j * BLOCK_KV;
         if (CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) continue;  // every key is in this warp's future
 
-        // S = Q K^T over 16-wide slices of the head dim.
+        // S = Q K^T over 16-wide slices of the head dim. Q slices are re-read from shared
+        // memory for every key tile: Q in registers would not leave room for S and O.
         score_tile s;
         kt::zero(s);
 #pragma unroll
         for (int d = 0; d < K_STEPS; d++) {
+            kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_slice;
+            kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
             kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;  // K is the B operand of Q K^T
             kt::load<kt::mma_operand::b>(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
-            if constexpr (Q_IN_REGISTERS) {
-                kt::mma_ABt(s, q_reg[d], k_slice, s);
-            } else {
-                kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> q_slice;
-                kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
-                kt::mma_ABt(s, q_slice, k_slice, s);
-            }
+            kt::mma_ABt(s, q_slice, k_slice, s);
         }
 
         const bool past_end = kv_col0 + BLOCK_KV > len_kv;
@@ -154,7 +141,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::exp2(s, s);
         kt::copy(row_max, new_max);
         kt::mul(row_sum, row_sum, rescale);
-        kt::row_sum(row_sum, s, row_sum);
+        kt::row_sum_lane_partial(row_sum, s, row_sum);  // lanes combined once, after the loop
 
         if (j == 0) {  // no warp skips tile 0, so every warp reaches this barrier
             if (kv_tiles > 1) kt::cp_async_wait<1>();  // V_0 (tile 1's group may be in flight)
@@ -178,6 +165,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             }
         }
     }
+
+    kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
 
     // Epilogue: O / l through this warp's rows of the Q tile, then coalesced stores.
     // The warp's last ldmatrix reads of those rows (other lanes' addresses) come first.

@@ -33,7 +33,7 @@ __device__ __forceinline__ void reduce_across_lanes(V& v) {
 // columns (one value per column, into a row_vec), then combines lanes. Each base
 // tile along the reduced dim gets its own partial, and the partials meet in a
 // tree: the dependency chain is 4 + log2(tiles) ops long, not 4 * tiles.
-template <typename Op, bool ALONG_ROWS, bool Accumulate, register_tile RT, register_vector V>
+template <typename Op, bool ALONG_ROWS, bool Accumulate, register_tile RT, register_vector V, bool ACROSS_LANES = true>
 __device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accum) {
     constexpr int outer = ALONG_ROWS ? RT::height : RT::width;  // one result tile each
     constexpr int inner = ALONG_ROWS ? RT::width : RT::height;  // reduced over
@@ -62,7 +62,7 @@ __device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accu
     for (int o = 0; o < outer; o++)
 #pragma unroll
         for (int s = 0; s < V::slots; s++) result.data[o][s] = partial[o][0][s];
-    reduce_across_lanes<Op>(result);
+    if constexpr (ACROSS_LANES) reduce_across_lanes<Op>(result);
 #pragma unroll
     for (int t = 0; t < V::tiles; t++)
 #pragma unroll
@@ -80,6 +80,15 @@ __device__ __forceinline__ void row_reduce(typename RT::col_vec& dst, const RT& 
 template <typename Op, bool Accumulate, register_tile RT>
 __device__ __forceinline__ void col_reduce(typename RT::row_vec& dst, const RT& src, const typename RT::row_vec& accum) {
     tile_reduce<Op, false, Accumulate>(dst, src, accum);
+}
+
+// Per-lane share of a row sum, accumulated into accum: each of the lanes that hold a
+// row keeps the sum of its own elements. Cheaper inside a loop (no shuffles); finish
+// with reduce_across_lanes<base_ops::add>(v) before using the totals.
+template <register_tile RT>
+__device__ __forceinline__ void row_sum_lane_partial(typename RT::col_vec& dst, const RT& src,
+                                                     const typename RT::col_vec& accum) {
+    tile_reduce<base_ops::add, true, true, RT, typename RT::col_vec, false>(dst, src, accum);
 }
 
 #define KITTENS_REDUCTION(name, Op, dir, vec)                                                                     \
