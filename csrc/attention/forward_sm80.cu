@@ -102,11 +102,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         }
         const int kv_col0 = j * BLOCK_KV;
         if (CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) continue;  // every key is in this warp's future
-        // Causal diagonal: 16-key slices past this warp's last query row are all masked,
-        // so neither their scores nor their share of P V is computed.
-        constexpr int SLICES = BLOCK_KV / kt::TILE_DIM;
-        const int live_slices =
-            CAUSAL ? min(SLICES, kt::ceil_div(q_row0 + ROWS_PER_WARP - kv_col0, kt::TILE_DIM)) : SLICES;
 
         // S = Q K^T over 16-wide slices of the head dim. Q slices are re-read from shared
         // memory for every key tile: Q in registers would not leave room for S and O.
@@ -118,8 +113,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
             kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;  // K is the B operand of Q K^T
             kt::load<kt::mma_operand::b>(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
-            if (CAUSAL && live_slices < SLICES) kt::mma_ABt(s, q_slice, k_slice, s, live_slices);
-            else kt::mma_ABt(s, q_slice, k_slice, s);
+            kt::mma_ABt(s, q_slice, k_slice, s);
         }
 
         const bool past_end = kv_col0 + BLOCK_KV > len_kv;
@@ -160,8 +154,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 #pragma unroll
         for (int d = 0; d < K_STEPS; d++) kt::mul_row(o[d], o[d], rescale);
 #pragma unroll
-        for (int kk = 0; kk < SLICES; kk++) {
-            if (CAUSAL && kk >= live_slices) break;
+        for (int kk = 0; kk < BLOCK_KV / kt::TILE_DIM; kk++) {
             kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> p;
             kt::slice_cols(p, s, kk * kt::TILE_DIM);
 #pragma unroll
