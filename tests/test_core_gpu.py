@@ -211,16 +211,17 @@ VEC_LEN = 64
 VEC_CASES = [(5, 200, 200, (0, 0, 2, 1)), (5, 100, 104, (0, 0, 3, 1)), (5, 100, 104, (0, 0, 5, 0))]
 
 
+@pytest.mark.parametrize("through_shared", [False, True], ids=["direct", "via-shared"])
 @pytest.mark.parametrize("layout", VEC_LAYOUTS, ids=VEC_LAYOUTS.values())
 @pytest.mark.parametrize("case", VEC_CASES, ids=lambda c: f"{c[1]}cols-r{c[3][2]}c{c[3][3]}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_vector_global(core, dtype, case, layout):
+def test_vector_global(core, dtype, case, layout, through_shared):
     rows, cols, stride, at = case
     base = randn(1, 1, rows, stride, dtype=dtype)
     out_base = torch.full_like(base, NAN)
     dump = nans(1, VEC_LEN, dtype=dtype)
     core.vector_global(CODES[dtype], gl(with_stride(base, cols)), gl(with_stride(out_base, cols)), gl(dump),
-                       list(at), layout, stream())
+                       list(at), layout, through_shared, stream())
     expected = torch.full_like(base, NAN)
     tile_region(expected, base, at, (1, VEC_LEN), rows, cols)
     assert_same(out_base, expected)

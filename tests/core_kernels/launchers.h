@@ -29,9 +29,10 @@ void roundtrip(int dtype, int rows, int cols, const gl_args& in, const gl_args& 
 void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args& out, const gl_args& dump,
                      const coord_args& at, int layout, int64_t stream);
 
-// Register vector (float, length 64, layout 0 pairs / 1 quads) load + store.
+// Register vector (float, length 64, layout 0 pairs / 1 quads) load + store, directly or
+// through shared vectors (through_shared).
 void vector_global(int dtype, const gl_args& in, const gl_args& out, const gl_args& dump, const coord_args& at,
-                   int layout, int64_t stream);
+                   int layout, bool through_shared, int64_t stream);
 
 // One map / broadcast / mask / fill / reduction (op ids in tile_ops.cu) on 32x64
 // tiles a, b with per-row vector v (32), per-col vector u (64) and scalar s.

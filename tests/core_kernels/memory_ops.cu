@@ -121,12 +121,25 @@ void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args&
 // ---------------------------------------------------------------------------
 // global <-> register vectors (float, length 64) in both vector layouts.
 // ---------------------------------------------------------------------------
+// through_shared: global -> shared vector (warp::load) -> register -> shared -> global
+// (warp::store) instead of the direct global <-> register path.
 template <typename G>
-__global__ void __launch_bounds__(32) vector_global_kernel(gl<G> in, gl<G> out, gl<G> dump, coord at, int layout) {
+__global__ void __launch_bounds__(32)
+    vector_global_kernel(gl<G> in, gl<G> out, gl<G> dump, coord at, int layout, bool through_shared) {
+    __shared__ sv<G, 64> staged_in, staged_out;
     auto run = [&]<vec_layout VL>(std::integral_constant<vec_layout, VL>) {
         rv<float, 64, VL> v;
-        load(v, in, at);
-        store(out, v, at);
+        if (through_shared) {
+            warp::load(staged_in, in, at);
+            __syncwarp();
+            load(v, staged_in);
+            store(staged_out, v);
+            __syncwarp();
+            warp::store(out, staged_out, at);
+        } else {
+            load(v, in, at);
+            store(out, v, at);
+        }
         store(dump, v, coord{});
     };
     if (layout == 0) run(std::integral_constant<vec_layout, vec_layout::pairs>{});
@@ -134,10 +147,10 @@ __global__ void __launch_bounds__(32) vector_global_kernel(gl<G> in, gl<G> out, 
 }
 
 void vector_global(int dtype, const gl_args& in, const gl_args& out, const gl_args& dump, const coord_args& at,
-                   int layout, int64_t stream) {
+                   int layout, bool through_shared, int64_t stream) {
     with_dtype(dtype, [&]<typename G>(std::type_identity<G>) {
         vector_global_kernel<G><<<1, 32, 0, as_stream(stream)>>>(make_gl<G>(in), make_gl<G>(out), make_gl<G>(dump),
-                                                                  make_coord(at), layout);
+                                                                  make_coord(at), layout, through_shared);
         check_launch("vector_global");
     });
 }

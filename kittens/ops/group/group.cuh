@@ -8,6 +8,7 @@
 #pragma once
 #include "../../types/global/gl.cuh"
 #include "../../types/shared/st.cuh"
+#include "../../types/shared/sv.cuh"
 
 namespace kittens {
 
@@ -123,9 +124,32 @@ struct group {
             }
         });
     }
+
+    // Shared vectors <-> global: a vector lies along a row of the global layout (element
+    // n at column at.c * N + n of row at.r), like register vectors. Element-wise and
+    // bounds-checked: vectors are small, so this favours simplicity over 16-byte moves.
+    template <typename SV, global_layout GL>
+        requires shared_vector<SV>
+    __device__ static void load(SV& dst, const GL& src, coord at) {
+        using T = typename SV::dtype;
+        for (int n = thread(); n < SV::length; n += threads) {
+            const int c = at.c * SV::length + n;
+            dst[n] = at.r < src.rows() && c < src.cols() ? convert<T>(*src.ptr(at.b, at.h, at.r, c)) : convert<T>(0.f);
+        }
+    }
+    template <global_layout GL, typename SV>
+        requires shared_vector<SV>
+    __device__ static void store(const GL& dst, const SV& src, coord at) {
+        for (int n = thread(); n < SV::length; n += threads) {
+            const int c = at.c * SV::length + n;
+            if (at.r < dst.rows() && c < dst.cols()) *dst.ptr(at.b, at.h, at.r, c) = convert<typename GL::dtype>(src[n]);
+        }
+    }
 };
 
+}  // namespace kittens
+
+namespace kittens {
 using warp = group<1>;
 using warpgroup = group<4>;
-
 }  // namespace kittens

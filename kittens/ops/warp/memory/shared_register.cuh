@@ -3,6 +3,7 @@
 #pragma once
 #include "../../../types/register/rt.cuh"
 #include "../../../types/shared/st.cuh"
+#include "../../../types/shared/sv.cuh"
 
 namespace kittens {
 
@@ -100,6 +101,30 @@ __device__ __forceinline__ void store(STRef&& dst, const RT& src) {
             *dst.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)) = convert<S>(e);
         });
     }
+}
+
+// Register vector <-> shared vector of the same length, one warp. Every lane reads
+// the indices it holds; on store, each index is written by the lowest lane holding it.
+template <register_vector V, typename SV>
+    requires shared_vector<SV>
+__device__ __forceinline__ void load(V& dst, const SV& src) {
+    static_assert(V::length == SV::length, "load: register and shared vector lengths differ");
+#pragma unroll
+    for (int t = 0; t < V::tiles; t++)
+#pragma unroll
+        for (int s = 0; s < V::slots; s++) dst.data[t][s] = convert<typename V::dtype>(src[V::index(t, s)]);
+}
+
+template <typename SV, register_vector V>
+    requires shared_vector<SV>
+__device__ __forceinline__ void store(SV& dst, const V& src) {
+    static_assert(V::length == SV::length, "store: register and shared vector lengths differ");
+    const int lane = lane_id();
+    if (V::layout == vec_layout::pairs ? lane % 4 != 0 : lane >= 4) return;
+#pragma unroll
+    for (int t = 0; t < V::tiles; t++)
+#pragma unroll
+        for (int s = 0; s < V::slots; s++) dst[V::index(t, s)] = convert<typename SV::dtype>(src.data[t][s]);
 }
 
 }  // namespace kittens
