@@ -172,10 +172,8 @@ def extension(archs: list[str], gencode_flags: list[str], families: list[str]) -
                      f'-DTK_BUILD_TORCH_CUDA="{torch.version.cuda}"']
     build_defines += [f"-DTK_HAS_{family.upper()}=1" for family in families]
 
-    # Host files (torch glue) use torch's own standard, C++17: on the lent H200's toolchain a
-    # C++20 build of a TORCH_CHECK message crashed inside libstdc++'s ostream (an ABI mismatch
-    # between its headers and the runtime). The kernels (.cu) need C++20 and include no torch.
-    cxx_flags = ["-O3", "-std=c++17", "-DNDEBUG"] + build_defines
+    # C++20 for host files too: newer torch headers (ATen) require it.
+    cxx_flags = ["-O3", "-std=c++20", "-DNDEBUG"] + build_defines
     nvcc_flags = [
         "-O3", "-std=c++20", "-DNDEBUG",
         "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math", "-lineinfo",

@@ -14,19 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
-
-
-def median_ms(fn, reps=20):
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+from benchmarks.timing import median_ms  # run from the repository root
 
 
 def main():
@@ -36,15 +24,14 @@ def main():
     parser.add_argument("--len", type=int, default=1536)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     shape = (args.batch, args.heads, args.len, args.dim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     flops = 4 * args.batch * args.heads * args.len * args.len * args.dim / (2 if args.causal else 1)
     with tk.use_kernel("sm80"), tk.strict():
-        ours = median_ms(lambda: tk.attention(q, k, v, is_causal=args.causal), args.reps)
+        ours = median_ms(lambda: tk.attention(q, k, v, is_causal=args.causal))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        flash = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal), args.reps)
+        flash = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal))
     print(f"{shape} causal={args.causal}: tk {ours:.3f} ms ({flops / ours / 1e9:.0f} TFLOP/s), "
           f"flash {flash:.3f} ms ({flops / flash / 1e9:.0f} TFLOP/s), ratio {flash / ours:.2f}")
 

@@ -51,19 +51,26 @@ template <int R, int C, tile_layout L = row_l> using rt_hf = rt<half, R, C, L>;
 template <typename T>
 concept register_tile = requires { typename T::dtype; typename T::layout; T::height; T::width; T::frag; };
 
-// Calls f(i, j, k, h, element&) for every element this lane holds, i/j the base
-// tile, k the register and h the half of the pair.
+// Calls f(i, j, k, pair&) for every packed pair this lane holds: i/j the base tile,
+// k the register.
 template <register_tile RT, typename F>
-__device__ __forceinline__ void for_each_element(RT& t, F&& f) {
+__device__ __forceinline__ void for_each_pair(RT& t, F&& f) {
 #pragma unroll
     for (int i = 0; i < RT::height; i++)
 #pragma unroll
         for (int j = 0; j < RT::width; j++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                f(i, j, k, 0, t.tiles[i][j].data[k].x);
-                f(i, j, k, 1, t.tiles[i][j].data[k].y);
-            }
+            for (int k = 0; k < 4; k++) f(i, j, k, t.tiles[i][j].data[k]);
+}
+
+// Calls f(i, j, k, h, element&) for every element this lane holds, h the half of
+// the pair.
+template <register_tile RT, typename F>
+__device__ __forceinline__ void for_each_element(RT& t, F&& f) {
+    for_each_pair(t, [&](int i, int j, int k, auto& pair) {
+        f(i, j, k, 0, pair.x);
+        f(i, j, k, 1, pair.y);
+    });
 }
 
 }  // namespace kittens

@@ -87,15 +87,10 @@ __device__ __forceinline__ void store(STRef&& dst, const RT& src) {
     using T = typename RT::dtype;
     if constexpr (std::same_as<typename RT::layout, row_l>) {
         // Pairs run along rows: one 4- or 8-byte store each.
-#pragma unroll
-        for (int i = 0; i < RT::height; i++)
-#pragma unroll
-            for (int j = 0; j < RT::width; j++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int r = i * TILE_DIM + RT::row_in_base(k, 0), c = j * TILE_DIM + RT::col_in_base(k, 0);
-                    *reinterpret_cast<packed<S>*>(dst.ptr(r, c)) = convert_pair<S, T>(src.tiles[i][j].data[k]);
-                }
+        for_each_pair(src, [&](int i, int j, int k, const packed<T>& pair) {
+            const int r = i * TILE_DIM + RT::row_in_base(k, 0), c = j * TILE_DIM + RT::col_in_base(k, 0);
+            *reinterpret_cast<packed<S>*>(dst.ptr(r, c)) = convert_pair<S, T>(pair);
+        });
     } else {
         for_each_element(src, [&](int i, int j, int k, int h, const T& e) {
             *dst.ptr(i * TILE_DIM + RT::row_in_base(k, h), j * TILE_DIM + RT::col_in_base(k, h)) = convert<S>(e);

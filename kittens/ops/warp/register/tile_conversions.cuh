@@ -11,14 +11,9 @@ __device__ __forceinline__ void copy(RD& dst, const RS& src) {
     static_assert(RD::rows == RS::rows && RD::cols == RS::cols, "copy: tiles must have the same shape");
     static_assert(std::same_as<typename RD::layout, typename RS::layout>,
                   "copy: tiles must have the same layout (use swap_layout to change it)");
-#pragma unroll
-    for (int i = 0; i < RD::height; i++)
-#pragma unroll
-        for (int j = 0; j < RD::width; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                dst.tiles[i][j].data[k] =
-                    convert_pair<typename RD::dtype, typename RS::dtype>(src.tiles[i][j].data[k]);
+    for_each_pair(dst, [&](int i, int j, int k, auto& pair) {
+        pair = convert_pair<typename RD::dtype, typename RS::dtype>(src.tiles[i][j].data[k]);
+    });
 }
 
 // Transpose one 8x8 quadrant of 16-bit values held in the row pattern into the
@@ -39,13 +34,9 @@ __device__ __forceinline__ void swap_layout(RD& dst, const RS& src) {
     static_assert(!std::same_as<typename RD::layout, typename RS::layout>, "swap_layout: layouts must differ");
     // Quadrant k holds the same 8x8 block in both layouts; movmatrix moves each
     // element to the lane that owns it in the other pattern.
-#pragma unroll
-    for (int i = 0; i < RD::height; i++)
-#pragma unroll
-        for (int j = 0; j < RD::width; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                dst.tiles[i][j].data[k] = transpose_8x8<typename RS::dtype>(src.tiles[i][j].data[k]);
+    for_each_pair(dst, [&](int i, int j, int k, auto& pair) {
+        pair = transpose_8x8<typename RS::dtype>(src.tiles[i][j].data[k]);
+    });
 }
 
 // dst = src^T with the opposite layout. Free: the row pattern of X is the col
@@ -89,14 +80,9 @@ template <register_tile RD, register_tile RS>
 __device__ __forceinline__ void slice_cols(RD& dst, const RS& src, int col0) {
     static_assert(RD::rows == RS::rows && RD::cols <= RS::cols, "slice_cols: dst must be a column slice of src");
     static_assert(std::same_as<typename RD::layout, typename RS::layout>, "slice_cols: same layout");
-#pragma unroll
-    for (int i = 0; i < RD::height; i++)
-#pragma unroll
-        for (int j = 0; j < RD::width; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                dst.tiles[i][j].data[k] = convert_pair<typename RD::dtype, typename RS::dtype>(
-                    src.tiles[i][col0 / TILE_DIM + j].data[k]);
+    for_each_pair(dst, [&](int i, int j, int k, auto& pair) {
+        pair = convert_pair<typename RD::dtype, typename RS::dtype>(src.tiles[i][col0 / TILE_DIM + j].data[k]);
+    });
 }
 
 }  // namespace kittens
