@@ -90,7 +90,12 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 #pragma unroll
     for (int d = 0; d < K_STEPS; d++) kt::zero(o[d]);
 
-    for (int j = 0; j < kv_tiles; j++) {
+    // One key tile. MASKED tiles (a causal diagonal, or past the end of the keys) mask
+    // their scores, and on a causal diagonal a warp computes only the 16-key slices at or
+    // before its last query row. The two kinds are separate instantiations so the
+    // unmasked tiles, nearly all of them, run without any of that.
+    constexpr int SLICES = BLOCK_KV / kt::TILE_DIM;
+    auto process_tile = [&]<bool MASKED>(int j) {
         const int stage = j % STAGES;
         if (j == 0) kt::cp_async_wait<1>();  // Q and K_0 (V_0 may still be landing)
         else kt::cp_async_wait<0>();
@@ -101,7 +106,11 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::cp_async_commit();
         }
         const int kv_col0 = j * BLOCK_KV;
-        if (CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) continue;  // every key is in this warp's future
+        int live_slices = SLICES;
+        if constexpr (MASKED && CAUSAL) {
+            live_slices = min(SLICES, kt::ceil_div(q_row0 + ROWS_PER_WARP - kv_col0, kt::TILE_DIM));
+            if (live_slices <= 0) return;  // every key is in this warp's future (never tile 0)
+        }
 
         // S = Q K^T over 16-wide slices of the head dim. Q slices are re-read from shared
         // memory for every key tile: Q in registers would not leave room for S and O.
@@ -113,12 +122,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
             kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;  // K is the B operand of Q K^T
             kt::load<kt::mma_operand::b>(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
-            kt::mma_ABt(s, q_slice, k_slice, s);
+            kt::mma_ABt(s, q_slice, k_slice, s, live_slices);
         }
-
-        const bool past_end = kv_col0 + BLOCK_KV > len_kv;
-        const bool on_diagonal = CAUSAL && kv_col0 + BLOCK_KV - 1 > q_row0;
-        if (past_end || on_diagonal) {
+        if constexpr (MASKED) {
             kt::mask(s, [&](int r, int c) {
                 const int key = kv_col0 + c;
                 return key < len_kv && (!CAUSAL || key <= q_row0 + r);
@@ -154,7 +160,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 #pragma unroll
         for (int d = 0; d < K_STEPS; d++) kt::mul_row(o[d], o[d], rescale);
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_KV / kt::TILE_DIM; kk++) {
+        for (int kk = 0; kk < SLICES; kk++) {
+            if (MASKED && CAUSAL && kk >= live_slices) break;
             kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> p;
             kt::slice_cols(p, s, kk * kt::TILE_DIM);
 #pragma unroll
@@ -164,7 +171,14 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
                 kt::mma_AB(o[d], p, v_sub, o[d]);
             }
         }
-    }
+    };
+
+    // Tiles before the first one that needs a mask: all keys visible to every row of the
+    // block (causal: the tile ends at or before the block's first query row).
+    const int unmasked_tiles = min(len_kv / BLOCK_KV, CAUSAL ? (q_block * BLOCK_Q + 1) / BLOCK_KV : kv_tiles);
+    int j = 0;
+    for (; j < unmasked_tiles; j++) process_tile.template operator()<false>(j);
+    for (; j < kv_tiles; j++) process_tile.template operator()<true>(j);
 
     kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
 
