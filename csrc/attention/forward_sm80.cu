@@ -91,9 +91,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     for (int d = 0; d < K_STEPS; d++) kt::zero(o[d]);
 
     // One key tile. MASKED tiles (a causal diagonal, or past the end of the keys) mask
-    // their scores, and on a causal diagonal a warp computes only the 16-key slices at or
-    // before its last query row. The two kinds are separate instantiations so the
-    // unmasked tiles, nearly all of them, run without any of that.
+    // their scores, and skip warps whose rows all precede the tile. The two kinds are
+    // separate instantiations so the unmasked tiles, nearly all of them, run without
+    // any of that. (Skipping the masked 16-key slices of a diagonal tile per warp was
+    // measured: it cost more in branches than it saved in mma.)
     constexpr int SLICES = BLOCK_KV / kt::TILE_DIM;
     auto process_tile = [&]<bool MASKED>(int j) {
         const int stage = j % STAGES;
@@ -106,11 +107,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::cp_async_commit();
         }
         const int kv_col0 = j * BLOCK_KV;
-        int live_slices = SLICES;
-        if constexpr (MASKED && CAUSAL) {
-            live_slices = min(SLICES, kt::ceil_div(q_row0 + ROWS_PER_WARP - kv_col0, kt::TILE_DIM));
-            if (live_slices <= 0) return;  // every key is in this warp's future (never tile 0)
-        }
+        if (MASKED && CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) return;  // all keys in this warp's future
 
         // S = Q K^T over 16-wide slices of the head dim. Q slices are re-read from shared
         // memory for every key tile: Q in registers would not leave room for S and O.
@@ -122,7 +119,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::load(q_slice, kt::subtile<ROWS_PER_WARP, kt::TILE_DIM>(q_smem, warp, d));
             kt::rt<T, BLOCK_KV, kt::TILE_DIM> k_slice;  // K is the B operand of Q K^T
             kt::load<kt::mma_operand::b>(k_slice, kt::subtile<BLOCK_KV, kt::TILE_DIM>(k_smem[stage], 0, d));
-            kt::mma_ABt(s, q_slice, k_slice, s, live_slices);
+            kt::mma_ABt(s, q_slice, k_slice, s);
         }
         if constexpr (MASKED) {
             kt::mask(s, [&](int r, int c) {
@@ -161,7 +158,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         for (int d = 0; d < K_STEPS; d++) kt::mul_row(o[d], o[d], rescale);
 #pragma unroll
         for (int kk = 0; kk < SLICES; kk++) {
-            if (MASKED && CAUSAL && kk >= live_slices) break;
             kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> p;
             kt::slice_cols(p, s, kk * kt::TILE_DIM);
 #pragma unroll
