@@ -5,9 +5,7 @@
 //   mma_ABt  : a row (M x K),  b row (N x K)
 //   mma_AtB  : a col (K x M),  b col (K x N)
 //   mma_AtBt : a col (K x M),  b row (N x K)
-// d and c are float row-layout tiles (M x N); d may alias c. An optional n_live
-// (warp-uniform) computes only d's first n_live 16-column base tiles, the rest keep
-// c: for tiles whose right part is known to be masked (causal diagonals).
+// d and c are float row-layout tiles (M x N); d may alias c.
 #pragma once
 #include "../../../types/register/rt.cuh"
 
@@ -59,19 +57,14 @@ __device__ __forceinline__ void b_fragment(packed<typename Base::dtype> (&out)[4
 
 // d (M x N) = op(a) * op(b) + c where a_tile(m, k) / b_tile(k, n) select the base
 // tiles of the M x K and K x N operands.
-// Base-tile columns n >= n_live of d are not computed and keep c's values.
 template <typename D, typename A, typename B, typename C, typename ATile, typename BTile>
 __device__ __forceinline__ void mma_tiles(D& d, const A& a, const B& b, const C& c, int k_tiles, ATile a_tile,
-                                          BTile b_tile, int n_live) {
+                                          BTile b_tile) {
     using T = typename A::dtype;
 #pragma unroll
     for (int m = 0; m < D::height; m++)
 #pragma unroll
         for (int n = 0; n < D::width; n++) {
-            if (n >= n_live) {
-                d.tiles[m][n] = c.tiles[m][n];
-                continue;
-            }
             float2 acc[4] = {c.tiles[m][n].data[0], c.tiles[m][n].data[1], c.tiles[m][n].data[2],
                              c.tiles[m][n].data[3]};
 #pragma unroll
@@ -105,47 +98,47 @@ constexpr void check_operands() {
 }  // namespace detail
 
 template <register_tile D, register_tile A, register_tile B, register_tile C>
-__device__ __forceinline__ void mma_AB(D& d, const A& a, const B& b, const C& c, int n_live = D::width) {
+__device__ __forceinline__ void mma_AB(D& d, const A& a, const B& b, const C& c) {
     detail::check_accumulators<D, C>();
     detail::check_operands<A, B>();
     static_assert(std::same_as<typename A::layout, row_l>, "mma_AB: a must be a row-layout tile");
     static_assert(std::same_as<typename B::layout, col_l>, "mma_AB: b must be a col-layout tile");
     static_assert(A::rows == D::rows && B::cols == D::cols && A::cols == B::rows, "mma_AB: shapes (MxK)(KxN)");
     detail::mma_tiles(d, a, b, c, A::width, [&](int m, int k) -> const auto& { return a.tiles[m][k]; },
-                      [&](int k, int n) -> const auto& { return b.tiles[k][n]; }, n_live);
+                      [&](int k, int n) -> const auto& { return b.tiles[k][n]; });
 }
 
 template <register_tile D, register_tile A, register_tile B, register_tile C>
-__device__ __forceinline__ void mma_ABt(D& d, const A& a, const B& b, const C& c, int n_live = D::width) {
+__device__ __forceinline__ void mma_ABt(D& d, const A& a, const B& b, const C& c) {
     detail::check_accumulators<D, C>();
     detail::check_operands<A, B>();
     static_assert(std::same_as<typename A::layout, row_l>, "mma_ABt: a must be a row-layout tile");
     static_assert(std::same_as<typename B::layout, row_l>, "mma_ABt: b must be a row-layout tile");
     static_assert(A::rows == D::rows && B::rows == D::cols && A::cols == B::cols, "mma_ABt: shapes (MxK)(NxK)");
     detail::mma_tiles(d, a, b, c, A::width, [&](int m, int k) -> const auto& { return a.tiles[m][k]; },
-                      [&](int k, int n) -> const auto& { return b.tiles[n][k]; }, n_live);
+                      [&](int k, int n) -> const auto& { return b.tiles[n][k]; });
 }
 
 template <register_tile D, register_tile A, register_tile B, register_tile C>
-__device__ __forceinline__ void mma_AtB(D& d, const A& a, const B& b, const C& c, int n_live = D::width) {
+__device__ __forceinline__ void mma_AtB(D& d, const A& a, const B& b, const C& c) {
     detail::check_accumulators<D, C>();
     detail::check_operands<A, B>();
     static_assert(std::same_as<typename A::layout, col_l>, "mma_AtB: a must be a col-layout tile");
     static_assert(std::same_as<typename B::layout, col_l>, "mma_AtB: b must be a col-layout tile");
     static_assert(A::cols == D::rows && B::cols == D::cols && A::rows == B::rows, "mma_AtB: shapes (KxM)(KxN)");
     detail::mma_tiles(d, a, b, c, A::height, [&](int m, int k) -> const auto& { return a.tiles[k][m]; },
-                      [&](int k, int n) -> const auto& { return b.tiles[k][n]; }, n_live);
+                      [&](int k, int n) -> const auto& { return b.tiles[k][n]; });
 }
 
 template <register_tile D, register_tile A, register_tile B, register_tile C>
-__device__ __forceinline__ void mma_AtBt(D& d, const A& a, const B& b, const C& c, int n_live = D::width) {
+__device__ __forceinline__ void mma_AtBt(D& d, const A& a, const B& b, const C& c) {
     detail::check_accumulators<D, C>();
     detail::check_operands<A, B>();
     static_assert(std::same_as<typename A::layout, col_l>, "mma_AtBt: a must be a col-layout tile");
     static_assert(std::same_as<typename B::layout, row_l>, "mma_AtBt: b must be a row-layout tile");
     static_assert(A::cols == D::rows && B::rows == D::cols && A::rows == B::cols, "mma_AtBt: shapes (KxM)(NxK)");
     detail::mma_tiles(d, a, b, c, A::height, [&](int m, int k) -> const auto& { return a.tiles[k][m]; },
-                      [&](int k, int n) -> const auto& { return b.tiles[n][k]; }, n_live);
+                      [&](int k, int n) -> const auto& { return b.tiles[n][k]; });
 }
 
 }  // namespace kittens
