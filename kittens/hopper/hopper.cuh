@@ -1,0 +1,6 @@
+// The Hopper (sm_90a) layer of the core: mbarrier semaphores, TMA tile copies and
+// wgmma. Device functions here may only be instantiated in code compiled for sm_90a.
+#pragma once
+#include "semaphore.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"

@@ -1,0 +1,134 @@
+// Tensor memory accelerator (sm_90): tile copies between a global layout and a
+// shared tile by the copy engine, described by a tensor map.
+//
+// A shared tile is stored as column panels exactly one swizzle span wide
+// (layout_math.cuh), which is the box layout TMA writes with the matching swizzle
+// mode; a tile of several panels is one copy per panel. Out-of-range elements are
+// zero-filled on load and skipped on store, so partial tiles need no padding.
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cstdint>
+#include "../common/base_types.cuh"
+#include "../types/global/gl.cuh"
+#include "../types/shared/st.cuh"
+#include "semaphore.cuh"
+
+namespace kittens::tma {
+
+// ---------------------------------------------------------------------------
+// Host: tensor maps.
+// ---------------------------------------------------------------------------
+
+template <typename T> constexpr CUtensorMapDataType data_type();
+template <> constexpr CUtensorMapDataType data_type<bf16>() { return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; }
+template <> constexpr CUtensorMapDataType data_type<half>() { return CU_TENSOR_MAP_DATA_TYPE_FLOAT16; }
+template <> constexpr CUtensorMapDataType data_type<float>() { return CU_TENSOR_MAP_DATA_TYPE_FLOAT32; }
+
+constexpr CUtensorMapSwizzle swizzle_mode(int swizzle_bytes) {
+    return swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+         : swizzle_bytes == 64  ? CU_TENSOR_MAP_SWIZZLE_64B
+                                : CU_TENSOR_MAP_SWIZZLE_32B;
+}
+
+// The driver's encoder, found through the runtime so the extension needs no -lcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult status{};
+        if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &status) != cudaSuccess ||
+            status != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }();
+    return fn;
+}
+
+// Tensor map for copying ST-shaped tiles (one panel per copy) of `g`. Returns
+// CUDA_ERROR_* from the driver: strides must be multiples of 16 bytes and the base
+// 16-byte aligned (the callers check, with a clear message, before getting here).
+template <typename ST, typename GL>
+CUresult make_tensor_map(CUtensorMap* map, const GL& g) {
+    using T = typename ST::dtype;
+    static_assert(std::same_as<T, typename GL::dtype>, "make_tensor_map: tile and tensor element types differ");
+    static_assert(ST::rows <= 256 && ST::panel_cols <= 256, "make_tensor_map: TMA boxes are at most 256 per dim");
+    auto encode = encoder();
+    if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    const cuuint64_t dims[4] = {cuuint64_t(g.cols()), cuuint64_t(g.rows()), cuuint64_t(g.heads()),
+                                cuuint64_t(g.batch())};
+    const cuuint64_t strides[3] = {cuuint64_t(g.row_stride) * sizeof(T), cuuint64_t(g.head_stride) * sizeof(T),
+                                   cuuint64_t(g.batch_stride) * sizeof(T)};
+    const cuuint32_t box[4] = {cuuint32_t(ST::panel_cols), cuuint32_t(ST::rows), 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    return encode(map, data_type<T>(), 4, static_cast<void*>(g.raw), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode(ST::swizzle_bytes), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// ---------------------------------------------------------------------------
+// Device: copies. One thread issues them; `at` counts tiles in rows/cols.
+// ---------------------------------------------------------------------------
+
+// Bytes a full tile load adds to its semaphore (out-of-range parts count too: they
+// arrive as zeros).
+template <typename ST> constexpr uint32_t tile_bytes() { return uint32_t(ST::rows * ST::cols * sizeof(typename ST::dtype)); }
+
+// dst = tile `at` of the tensor behind `map`; completes on `sem` (call
+// expect_bytes(sem, tile_bytes<ST>()) in the same phase).
+template <typename ST>
+__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem) {
+    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
+#pragma unroll
+    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
+        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst.address(0, p * ST::panel_cols)),
+            "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem))
+            : "memory");
+    }
+}
+
+// Tile `at` of the tensor = src; parts outside the tensor are not written. Completes
+// asynchronously: store_commit() then store_wait_read<0>() before src is reused.
+template <typename ST>
+__device__ __forceinline__ void store_async(const CUtensorMap* map, const ST& src, coord at) {
+    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
+#pragma unroll
+    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
+        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
+        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                         map_address),
+                     "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(src.address(0, p * ST::panel_cols))
+                     : "memory");
+    }
+}
+
+// Tile `at` of the tensor += src (element-wise add done by the copy engine).
+template <typename ST>
+__device__ __forceinline__ void store_add_async(const CUtensorMap* map, const ST& src, coord at) {
+    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
+#pragma unroll
+    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
+        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
+        asm volatile(
+            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                map_address),
+            "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(src.address(0, p * ST::panel_cols))
+            : "memory");
+    }
+}
+
+__device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N committed store groups still read their shared source.
+template <int N> __device__ __forceinline__ void store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Wait until at most N committed store groups are still writing global memory.
+template <int N> __device__ __forceinline__ void store_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace kittens::tma

@@ -1,0 +1,12 @@
+// Python bindings of the Hopper core test kernels (tests/test_core_hopper_gpu.py).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "hopper_launchers.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "ThunderKittens Hopper tile-core test kernels";
+    m.def("tma_round_trip", &tk_test::tma_round_trip);
+    m.def("wgmma_abt", &tk_test::wgmma_abt);
+    m.def("semaphore_pipeline", &tk_test::semaphore_pipeline);
+}

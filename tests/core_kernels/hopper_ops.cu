@@ -1,0 +1,167 @@
+// Hopper (sm_90a) layer of the core: TMA round trips with partial tiles, TMA
+// reduce-add, wgmma against torch, and a semaphore-driven two-stage pipeline.
+// Built only for sm_90 GPUs (tests/test_core_hopper_gpu.py).
+#include "common.cuh"
+#include "kittens/hopper/hopper.cuh"
+#include "hopper_launchers.h"
+
+namespace tk_test {
+
+template <typename T> using tma_tile = st<T, 64, 256 / int(sizeof(T))>;  // 256-byte rows: two 128-byte panels
+
+// One thread copies; the block checks the result through the tested group paths.
+//   dump = tile `at` of in (TMA load, zero fill), via a synchronous group store;
+//   tile `at` of out = the tile (TMA store, clipped);  tile `at` of acc += the tile.
+template <typename T>
+__global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtensorMap in_map,
+                                                  const __grid_constant__ CUtensorMap out_map,
+                                                  const __grid_constant__ CUtensorMap acc_map, gl<T> dump, coord at) {
+    using ST = tma_tile<T>;
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& tile = alloc.allocate<ST>();
+    auto& sem = alloc.allocate<semaphore>();
+    if (threadIdx.x == 0) {
+        init_semaphore(sem, 1);
+        fence_semaphore_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        expect_bytes(sem, tma::tile_bytes<ST>());
+        tma::load_async(tile, &in_map, at, sem);
+    }
+    wait(sem, 0);
+    warpgroup::store(dump, tile, coord{});
+    if (threadIdx.x == 0) {
+        tma::store_async(&out_map, tile, at);
+        tma::store_add_async(&acc_map, tile, at);
+        tma::store_commit();
+        tma::store_wait<0>();
+    }
+}
+
+template <typename ST, typename T>
+CUtensorMap tensor_map(const gl<T>& g) {
+    CUtensorMap map;
+    const CUresult r = tma::make_tensor_map<ST>(&map, g);
+    if (r != CUDA_SUCCESS) throw std::runtime_error("make_tensor_map failed: CUresult " + std::to_string(int(r)));
+    return map;
+}
+
+void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
+                    const coord_args& at, int64_t stream) {
+    with_dtype(dtype, [&]<typename T>(std::type_identity<T>) {
+        using ST = tma_tile<T>;
+        const int smem = shared_bytes_for<ST, semaphore>();
+        auto kernel = tma_kernel<T>;
+        allow_shared(kernel, smem);
+        kernel<<<1, 128, smem, as_stream(stream)>>>(tensor_map<ST>(make_gl<T>(in)), tensor_map<ST>(make_gl<T>(out)),
+                                                    tensor_map<ST>(make_gl<T>(acc)), make_gl<T>(dump),
+                                                    make_coord(at));
+        check_launch("tma_round_trip");
+    });
+}
+
+// d (64 x N) = a (64 x K) b^T (b: N x K) [+ c], one warpgroup, operands staged by the
+// (tested) group copies so only wgmma is under test.
+template <typename T, int N, int K>
+__global__ void __launch_bounds__(128) wgmma_kernel(gl<T> a, gl<T> b, gl<float> c, gl<float> d, bool accumulate) {
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& sa = alloc.allocate<st<T, 64, K>>();
+    auto& sb = alloc.allocate<st<T, N, K>>();
+    warpgroup::load(sa, a, coord{});
+    warpgroup::load(sb, b, coord{});
+    __syncthreads();
+    rt_fl<16, N> acc;
+    if (accumulate) load(acc, c, coord{0, 0, warp_id(), 0});
+    else zero(acc);
+    wgmma::fence();
+    wgmma::mma_ABt(acc, sa, sb, accumulate);
+    wgmma::commit();
+    wgmma::wait<0>();
+    store(d, acc, coord{0, 0, warp_id(), 0});
+}
+
+template <typename T, int N, int K>
+bool try_wgmma(int n, int k, bool accumulate, const gl_args& a, const gl_args& b, const gl_args& c, const gl_args& d,
+               int64_t stream) {
+    if (n != N || k != K) return false;
+    const int smem = shared_bytes_for<st<T, 64, K>, st<T, N, K>>();
+    auto kernel = wgmma_kernel<T, N, K>;
+    allow_shared(kernel, smem);
+    kernel<<<1, 128, smem, as_stream(stream)>>>(make_gl<T>(a), make_gl<T>(b), make_gl<float>(c), make_gl<float>(d),
+                                                accumulate);
+    check_launch("wgmma");
+    return true;
+}
+
+void wgmma_abt(int dtype, int n, int k, bool accumulate, const gl_args& a, const gl_args& b, const gl_args& c,
+               const gl_args& d, int64_t stream) {
+    auto go = [&]<typename T>(std::type_identity<T>) {
+        const bool done = try_wgmma<T, 64, 64>(n, k, accumulate, a, b, c, d, stream) ||
+                          try_wgmma<T, 128, 64>(n, k, accumulate, a, b, c, d, stream) ||
+                          try_wgmma<T, 256, 64>(n, k, accumulate, a, b, c, d, stream) ||
+                          try_wgmma<T, 128, 128>(n, k, accumulate, a, b, c, d, stream);
+        if (!done) throw std::runtime_error("wgmma: no instance for this shape");
+    };
+    if (dtype == BF16) go(std::type_identity<bf16>{});
+    else if (dtype == F16) go(std::type_identity<half>{});
+    else throw std::runtime_error("wgmma: operands must be bf16 or fp16");
+}
+
+// Two-stage ring over the row tiles of `in` (rows x 64 float, rows a multiple of 64):
+// thread 0 of warp 4 (the producer) TMA-loads tile t into stage t % 2 once the
+// consumers have released it; the consumer warpgroup adds every tile into registers and
+// releases the stage. out (64 x 64) = sum of the tiles. Exercises phase parity over many
+// reuses of each semaphore.
+__global__ void __launch_bounds__(160) pipeline_kernel(const __grid_constant__ CUtensorMap in_map, int tiles,
+                                                       gl<float> out) {
+    using ST = st<float, 64, 64>;
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& stages = alloc.allocate<ST[2]>();
+    auto& full = alloc.allocate<semaphore[2]>();
+    auto& empty = alloc.allocate<semaphore[2]>();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; s++) {
+            init_semaphore(full[s], 1);
+            init_semaphore(empty[s], 4);  // one arrival per consumer warp
+        }
+        fence_semaphore_init();
+    }
+    __syncthreads();
+    if (warp_id() == 4) {
+        if (lane_id() == 0) {
+            for (int t = 0; t < tiles; t++) {
+                const int s = t % 2;
+                if (t >= 2) wait(empty[s], (t / 2 - 1) % 2);  // consumers released use t-2
+                expect_bytes(full[s], tma::tile_bytes<ST>());
+                tma::load_async(stages[s], &in_map, coord{0, 0, t, 0}, full[s]);
+            }
+        }
+    } else {
+        rt_fl<16, 64> sum, x;
+        zero(sum);
+        for (int t = 0; t < tiles; t++) {
+            const int s = t % 2;
+            wait(full[s], (t / 2) % 2);
+            load(x, subtile<16, 64>(stages[s], warp_id(), 0));
+            add(sum, sum, x);
+            __syncwarp();
+            if (lane_id() == 0) arrive(empty[s]);
+        }
+        store(out, sum, coord{0, 0, warp_id(), 0});
+    }
+}
+
+void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream) {
+    using ST = st<float, 64, 64>;
+    const int smem = shared_bytes_for<ST[2], semaphore[2], semaphore[2]>();
+    auto kernel = pipeline_kernel;
+    allow_shared(kernel, smem);
+    kernel<<<1, 160, smem, as_stream(stream)>>>(tensor_map<ST>(make_gl<float>(in)), tiles, make_gl<float>(out));
+    check_launch("semaphore_pipeline");
+}
+
+}  // namespace tk_test

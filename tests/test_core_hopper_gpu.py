@@ -1,0 +1,101 @@
+"""GPU unit tests of the Hopper layer of the tile core (kittens/hopper/): TMA loads, stores
+and reduce-adds of partial tiles, wgmma against torch, and a two-stage TMA pipeline driven by
+mbarrier semaphores. sm_90 only; the kernels live in tests/core_kernels/hopper_ops.cu and are
+JIT-built like the other core tests (tests/test_core_gpu.py, whose helpers are reused)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_core_gpu import (CODES, KERNELS, NAN, REPO, assert_same, dtype_id, gl, nans, padded_tile,
+                           randn, stream, tile_region, with_stride)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                       reason="needs an sm_90 (Hopper) GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    from torch.utils.cpp_extension import load
+
+    root = os.environ.get("TK_TEST_BUILD_DIR") or os.path.join(tempfile.gettempdir(), "tk_core_test")
+    build_dir = Path(root) / "hopper_sm_90a"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return load(
+        name="tk_core_hopper_test",
+        sources=[str(KERNELS / "hopper_bindings.cpp"), str(KERNELS / "hopper_ops.cu")],
+        extra_include_paths=[str(REPO)],
+        extra_cflags=["-std=c++20", "-O2"],
+        extra_cuda_cflags=["-std=c++20", "--expt-relaxed-constexpr", "-O3",
+                           "-gencode=arch=compute_90a,code=sm_90a"],
+        build_directory=str(build_dir),
+        verbose=os.environ.get("TK_TEST_VERBOSE") == "1",
+    )
+
+
+# ---- TMA ------------------------------------------------------------------------------------
+
+# (rows, cols, coord (b, h, r, c) in 64-row x 256-byte tiles): inside, partial in both dims,
+# wholly outside.
+TMA_CASES = [(100, 200, (1, 2, 0, 0)), (100, 200, (1, 2, 1, 1)), (100, 200, (0, 1, 2, 0))]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: f"{c[0]}x{c[1]}-at{c[2][2]}{c[2][3]}")
+@pytest.mark.parametrize("dtype", list(CODES), ids=dtype_id)
+def test_tma_load_store_reduce(hopper, dtype, case):
+    rows, cols, at = case
+    tile = (64, 256 // torch.empty((), dtype=dtype).element_size())
+    stride = cols + 24  # row stride past the width: 48/96-byte padding keeps 16-byte alignment
+    source = randn(2, 3, rows, stride, dtype=dtype)
+    out_base = torch.full_like(source, NAN)
+    acc_base = randn(2, 3, rows, stride, dtype=dtype)
+    acc_before = acc_base.clone()
+    dump = nans(*tile, dtype=dtype)
+    hopper.tma_round_trip(CODES[dtype], gl(with_stride(source, cols)), gl(with_stride(out_base, cols)),
+                          gl(with_stride(acc_base, cols)), gl(dump), list(at), stream())
+    torch.cuda.synchronize()
+    assert_same(dump, padded_tile(source, at, tile, rows, cols))  # zero fill outside
+    expected_out = torch.full_like(source, NAN)
+    tile_region(expected_out, source, at, tile, rows, cols)
+    assert_same(out_base, expected_out)  # nothing written outside the tensor or the tile
+    expected_acc = acc_before.clone()
+    summed = (acc_before.float() + source.float()).to(dtype)
+    tile_region(expected_acc, summed, at, tile, rows, cols)
+    torch.testing.assert_close(acc_base, expected_acc, rtol=0, atol=0)
+
+
+# ---- wgmma ----------------------------------------------------------------------------------
+
+WGMMA_SHAPES = [(64, 64), (128, 64), (256, 64), (128, 128)]  # (N, K), M = 64
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
+@pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=lambda s: f"n{s[0]}k{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_wgmma_abt(hopper, dtype, shape, accumulate):
+    n, k = shape
+    a, b = randn(64, k, dtype=dtype), randn(n, k, dtype=dtype)
+    c = randn(64, n)
+    d = nans(64, n)
+    hopper.wgmma_abt(CODES[dtype], n, k, accumulate, gl(a), gl(b), gl(c), gl(d), stream())
+    expected = a.double() @ b.double().T + (c.double() if accumulate else 0)
+    torch.testing.assert_close(d.double(), expected, rtol=2e-4, atol=1e-3)
+
+
+# ---- semaphores -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tiles", [1, 2, 7, 32])
+def test_semaphore_pipeline(hopper, tiles):
+    source = randn(tiles * 64, 64)
+    out = nans(64, 64)
+    hopper.semaphore_pipeline(gl(source), tiles, gl(out), stream())
+    expected = source.view(tiles, 64, 64).double().sum(0)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
