@@ -89,34 +89,37 @@ __device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coor
     }
 }
 
-// Tile `at` of the tensor = src; parts outside the tensor are not written. Completes
-// asynchronously: store_commit() then store_wait_read<0>() before src is reused.
-template <typename ST>
-__device__ __forceinline__ void store_async(const CUtensorMap* map, const ST& src, coord at) {
+namespace detail {
+// One bulk tensor store per panel; ADD makes the copy engine add into global memory.
+template <bool ADD, typename ST>
+__device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& src, coord at) {
     const uint64_t map_address = reinterpret_cast<uint64_t>(map);
 #pragma unroll
     for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
         const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
-        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-                         map_address),
-                     "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(src.address(0, p * ST::panel_cols))
-                     : "memory");
+        const uint32_t panel = src.address(0, p * ST::panel_cols);
+        if constexpr (ADD)
+            asm volatile(
+                "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                    map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(panel) : "memory");
+        else
+            asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                             map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(panel) : "memory");
     }
+}
+}  // namespace detail
+
+// Tile `at` of the tensor = src; parts outside the tensor are not written. Completes
+// asynchronously: store_commit() then store_wait_read<0>() before src is reused.
+template <typename ST>
+__device__ __forceinline__ void store_async(const CUtensorMap* map, const ST& src, coord at) {
+    detail::store_panels<false>(map, src, at);
 }
 
 // Tile `at` of the tensor += src (element-wise add done by the copy engine).
 template <typename ST>
 __device__ __forceinline__ void store_add_async(const CUtensorMap* map, const ST& src, coord at) {
-    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
-#pragma unroll
-    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
-        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
-        asm volatile(
-            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-                map_address),
-            "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(src.address(0, p * ST::panel_cols))
-            : "memory");
-    }
+    detail::store_panels<true>(map, src, at);
 }
 
 __device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
