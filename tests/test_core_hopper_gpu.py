@@ -75,18 +75,23 @@ def test_tma_load_store_reduce(hopper, dtype, case):
 # ---- wgmma ----------------------------------------------------------------------------------
 
 WGMMA_SHAPES = [(64, 64), (128, 64), (256, 64), (128, 128)]  # (N, K), M = 64
+WGMMA_VARIANTS = {0: "ss-abt", 1: "ss-ab", 2: "rs-abt", 3: "rs-ab"}  # bit0: b is K x N; bit1: a in registers
 
 
+@pytest.mark.parametrize("variant", WGMMA_VARIANTS, ids=WGMMA_VARIANTS.values())
 @pytest.mark.parametrize("accumulate", [False, True], ids=["overwrite", "accumulate"])
 @pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=lambda s: f"n{s[0]}k{s[1]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
-def test_wgmma_abt(hopper, dtype, shape, accumulate):
+def test_wgmma(hopper, dtype, shape, accumulate, variant):
     n, k = shape
-    a, b = randn(64, k, dtype=dtype), randn(n, k, dtype=dtype)
+    b_row_major = variant & 1
+    a = randn(64, k, dtype=dtype)
+    b = randn(k, n, dtype=dtype) if b_row_major else randn(n, k, dtype=dtype)
     c = randn(64, n)
     d = nans(64, n)
-    hopper.wgmma_abt(CODES[dtype], n, k, accumulate, gl(a), gl(b), gl(c), gl(d), stream())
-    expected = a.double() @ b.double().T + (c.double() if accumulate else 0)
+    hopper.wgmma(CODES[dtype], n, k, accumulate, variant, gl(a), gl(b), gl(c), gl(d), stream())
+    b_kn = b.double() if b_row_major else b.double().T
+    expected = a.double() @ b_kn + (c.double() if accumulate else 0)
     torch.testing.assert_close(d.double(), expected, rtol=2e-4, atol=1e-3)
 
 

@@ -75,3 +75,20 @@ __device__ __forceinline__ bool test_wait(semaphore& s, int phase) {
 __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 }  // namespace kittens
+
+namespace kittens {
+
+// Register reallocation between warpgroups (sm_90a): a producer warpgroup gives
+// registers back (decrease), consumers take them (increase). Every thread of the
+// warpgroup executes it; the kernel needs __launch_bounds__(threads, 1) for the
+// compiler to honour it.
+template <int REGISTERS> __device__ __forceinline__ void increase_registers() {
+    static_assert(REGISTERS % 8 == 0 && REGISTERS >= 24 && REGISTERS <= 256, "setmaxnreg: 24..256, a multiple of 8");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+}
+template <int REGISTERS> __device__ __forceinline__ void decrease_registers() {
+    static_assert(REGISTERS % 8 == 0 && REGISTERS >= 24 && REGISTERS <= 256, "setmaxnreg: 24..256, a multiple of 8");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+}
+
+}  // namespace kittens

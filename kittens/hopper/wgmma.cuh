@@ -11,10 +11,10 @@
 
 namespace kittens::wgmma {
 
-// Descriptor of the K-major operand region starting at (row0, col0) of a shared tile
-// (row0 a multiple of 8, col0 of 16): rows advance by the swizzle span, 8-row groups by
-// 8 spans; the swizzle itself is applied by the hardware from address bits, which is why
-// tiles are 1024-byte aligned.
+// Descriptor of a K-major operand (rows = M or N, K along the row) starting at
+// (row0, col0) of a shared tile (row0 a multiple of 8, col0 of 16): rows advance by
+// the swizzle span, 8-row groups by 8 spans; the swizzle itself is applied by the
+// hardware from address bits, which is why tiles are 1024-byte aligned.
 template <typename ST>
 __device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col0) {
     constexpr uint64_t layout = ST::row_bytes == 128 ? 1 : ST::row_bytes == 64 ? 2 : 3;
@@ -23,45 +23,113 @@ __device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col
            (uint64_t((8 * ST::row_bytes) >> 4) << 32) | (layout << 62);
 }
 
+// Descriptor of an MN-major operand: a K x N shared tile stored row-major (N along
+// the row), from row (k) row0 on. Within a panel, 8-row groups are 8 spans apart (the
+// stride field); the next panel of N columns is rows spans further (the leading field).
+template <typename ST>
+__device__ __forceinline__ uint64_t descriptor_mn_major(const ST& tile, int row0) {
+    constexpr uint64_t layout = ST::row_bytes == 128 ? 1 : ST::row_bytes == 64 ? 2 : 3;
+    constexpr uint64_t panel_bytes = uint64_t(ST::rows) * ST::row_bytes;
+    const uint32_t address = tile.address(row0, 0);
+    return uint64_t((address & 0x3FFFF) >> 4) | ((panel_bytes >> 4) << 16) |
+           (uint64_t((8 * ST::row_bytes) >> 4) << 32) | (layout << 62);
+}
+
 namespace detail {
 
-// One m64nNk16 instruction per N (generated: the operand lists are N/2 registers long).
-#define KITTENS_WGMMA_64(TYPE)                                                                  \
+// One m64nNk16 instruction per N, A from shared memory (SS) or registers (RS), B K-major
+// (TRANS_B 0) or MN-major (TRANS_B 1). Generated: the operand lists are N/2 registers long.
+#define KITTENS_WGMMA_SS_64(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <half_precision T>
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_64(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_B>
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_64("bf16");
-    else KITTENS_WGMMA_64("f16");
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_64("bf16");
+    else KITTENS_WGMMA_SS_64("f16");
 }
-#undef KITTENS_WGMMA_64
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_64("bf16");
+    else KITTENS_WGMMA_RS_64("f16");
+}
+#undef KITTENS_WGMMA_SS_64
+#undef KITTENS_WGMMA_RS_64
 
-#define KITTENS_WGMMA_128(TYPE)                                                                  \
+#define KITTENS_WGMMA_SS_128(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <half_precision T>
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_128(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_B>
 __device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_128("bf16");
-    else KITTENS_WGMMA_128("f16");
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_128("bf16");
+    else KITTENS_WGMMA_SS_128("f16");
 }
-#undef KITTENS_WGMMA_128
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x128x16(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_128("bf16");
+    else KITTENS_WGMMA_RS_128("f16");
+}
+#undef KITTENS_WGMMA_SS_128
+#undef KITTENS_WGMMA_RS_128
 
-#define KITTENS_WGMMA_256(TYPE)                                                                  \
+#define KITTENS_WGMMA_SS_256(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <half_precision T>
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_256(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_B>
 __device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_256("bf16");
-    else KITTENS_WGMMA_256("f16");
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_256("bf16");
+    else KITTENS_WGMMA_SS_256("f16");
 }
-#undef KITTENS_WGMMA_256
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x256x16(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_256("bf16");
+    else KITTENS_WGMMA_RS_256("f16");
+}
+#undef KITTENS_WGMMA_SS_256
+#undef KITTENS_WGMMA_RS_256
 
+// N-dispatch of one k-step; A is a descriptor (SS) or this warp's 16 x 16 fragment (RS).
+template <half_precision T, int TRANS_B, int N, typename AOperand>
+__device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, uint64_t desc_b, int accumulate) {
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma: N is 64, 128 or 256");
+    if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
+    else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
+    else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);
+}
+
+template <typename D>
+__device__ __forceinline__ auto& accumulator_registers(D& d) {
+    static_assert(std::same_as<typename D::dtype, float> && std::same_as<typename D::layout, row_l> && D::rows == 16,
+                  "wgmma: d is a warp's float row-layout 16 x N tile");
+    return *reinterpret_cast<float(*)[D::cols / 2]>(&d.tiles[0][0].data[0]);
+}
+
+// This warp's A fragment for k-step k: registers of base tile (0, k) in A order.
+template <typename RA>
+__device__ __forceinline__ void a_fragment(uint32_t (&out)[4], const RA& a, int k) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) out[r] = *reinterpret_cast<const uint32_t*>(&a.tiles[0][k].data[r]);
+}
 }  // namespace detail
 
 // Orders this warp's earlier register writes (e.g. a zeroed accumulator) before wgmma
@@ -74,27 +142,55 @@ template <int N> __device__ __forceinline__ void wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// d (this warp's 16 rows of the 64 x N result) = a (64 x K) * b^T (b is N x K), both
-// K-major shared tiles or views; `accumulate` adds to d instead of overwriting it.
-// Issued by all four warps of a warpgroup; asynchronous until commit() + wait<0>().
-template <register_tile D, typename SA, typename SB>
-__device__ __forceinline__ void mma_ABt(D& d, const SA& a, const SB& b, bool accumulate) {
-    using T = typename SA::dtype;
-    static_assert(half_precision<T> && std::same_as<T, typename SB::dtype>, "wgmma::mma_ABt: bf16 or fp16 operands");
-    static_assert(std::same_as<typename D::dtype, float> && std::same_as<typename D::layout, row_l> && D::rows == 16,
-                  "wgmma::mma_ABt: d is a warp's float row-layout 16 x N tile");
-    static_assert(SA::rows == 64, "wgmma::mma_ABt: a has the warpgroup's 64 rows");
-    static_assert(SB::rows == D::cols && SA::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
-    constexpr int N = D::cols;
-    static_assert(N == 64 || N == 128 || N == 256, "wgmma::mma_ABt: N is 64, 128 or 256");
-    float (&regs)[N / 2] = *reinterpret_cast<float(*)[N / 2]>(&d.tiles[0][0].data[0]);
+// In all forms d is this warp's 16 rows (rt_fl<16, N>) of the warpgroup's 64 x N
+// result, `accumulate` adds to d instead of overwriting it, all four warps of a
+// warpgroup issue the call, and it is asynchronous until commit() + wait<0>().
+// a is 64 x K in shared memory (K-major), or this warp's 16 x K row-layout register
+// tile (rows 16 * warp-in-group of the 64).
+
+// d (+)= a * b^T, b an N x K K-major shared tile.
+template <register_tile D, typename A, typename SB>
+__device__ __forceinline__ void mma_ABt(D& d, const A& a, const SB& b, bool accumulate) {
+    using T = typename SB::dtype;
+    static_assert(half_precision<T> && std::same_as<T, typename A::dtype>, "wgmma::mma_ABt: bf16 or fp16 operands");
+    static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
+    auto& regs = detail::accumulator_registers(d);
 #pragma unroll
-    for (int k = 0; k < SA::cols / TILE_DIM; k++) {
-        const uint64_t da = descriptor(a, 0, k * TILE_DIM), db = descriptor(b, 0, k * TILE_DIM);
+    for (int k = 0; k < A::cols / TILE_DIM; k++) {
+        const uint64_t db = descriptor(b, 0, k * TILE_DIM);
         const int acc = (accumulate || k > 0) ? 1 : 0;
-        if constexpr (N == 64) detail::mma_64x64x16<T>(regs, da, db, acc);
-        else if constexpr (N == 128) detail::mma_64x128x16<T>(regs, da, db, acc);
-        else detail::mma_64x256x16<T>(regs, da, db, acc);
+        if constexpr (register_tile<A>) {
+            static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
+            uint32_t af[4];
+            detail::a_fragment(af, a, k);
+            detail::mma_step<T, 0, D::cols>(regs, af, db, acc);
+        } else {
+            static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
+            detail::mma_step<T, 0, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), db, acc);
+        }
+    }
+}
+
+// d (+)= a * b, b a K x N shared tile stored row-major (MN-major for wgmma).
+template <register_tile D, typename A, typename SB>
+__device__ __forceinline__ void mma_AB(D& d, const A& a, const SB& b, bool accumulate) {
+    using T = typename SB::dtype;
+    static_assert(half_precision<T> && std::same_as<T, typename A::dtype>, "wgmma::mma_AB: bf16 or fp16 operands");
+    static_assert(SB::cols == D::cols && A::cols == SB::rows, "wgmma::mma_AB: shapes (64 x K)(K x N)");
+    auto& regs = detail::accumulator_registers(d);
+#pragma unroll
+    for (int k = 0; k < A::cols / TILE_DIM; k++) {
+        const uint64_t db = descriptor_mn_major(b, k * TILE_DIM);
+        const int acc = (accumulate || k > 0) ? 1 : 0;
+        if constexpr (register_tile<A>) {
+            static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
+            uint32_t af[4];
+            detail::a_fragment(af, a, k);
+            detail::mma_step<T, 1, D::cols>(regs, af, db, acc);
+        } else {
+            static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
+            detail::mma_step<T, 1, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), db, acc);
+        }
     }
 }
 

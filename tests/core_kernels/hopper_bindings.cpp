@@ -7,6 +7,6 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "ThunderKittens Hopper tile-core test kernels";
     m.def("tma_round_trip", &tk_test::tma_round_trip);
-    m.def("wgmma_abt", &tk_test::wgmma_abt);
+    m.def("wgmma", &tk_test::wgmma);
     m.def("semaphore_pipeline", &tk_test::semaphore_pipeline);
 }

@@ -9,9 +9,10 @@ namespace tk_test {
 void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
                     const coord_args& at, int64_t stream);
 
-// d (64 x n, float) = a (64 x k) * b (n x k)^T [+ c] on wgmma.
-void wgmma_abt(int dtype, int n, int k, bool accumulate, const gl_args& a, const gl_args& b, const gl_args& c,
-               const gl_args& d, int64_t stream);
+// d (64 x n, float) = a (64 x k) * op(b) [+ c] on wgmma. variant bit 0: b is k x n
+// (mma_AB) instead of n x k (mma_ABt); bit 1: a from registers.
+void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b,
+           const gl_args& c, const gl_args& d, int64_t stream);
 
 // out (64 x 64 float) = sum over the 64-row tiles of in, through a 2-stage TMA ring.
 void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream);

@@ -62,47 +62,69 @@ void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_a
     });
 }
 
-// d (64 x N) = a (64 x K) b^T (b: N x K) [+ c], one warpgroup, operands staged by the
-// (tested) group copies so only wgmma is under test.
-template <typename T, int N, int K>
-__global__ void __launch_bounds__(128) wgmma_kernel(gl<T> a, gl<T> b, gl<float> c, gl<float> d, bool accumulate) {
-    extern __shared__ char smem[];
+// d (64 x N) = a (64 x K) * op(b) [+ c], one warpgroup, operands staged by the (tested)
+// group copies so only wgmma is under test. variant bit 0: b is K x N row-major (mma_AB)
+// instead of N x K (mma_ABt); bit 1: a comes from registers (each warp's 16 rows).
+template <typename T, int N, int K, int VARIANT>
+__device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<float>& c, const gl<float>& d,
+                           bool accumulate) {
+    constexpr bool b_row_major = VARIANT & 1, a_in_registers = VARIANT & 2;
+    using SB = std::conditional_t<b_row_major, st<T, K, N>, st<T, N, K>>;
     shared_allocator alloc(smem);
     auto& sa = alloc.allocate<st<T, 64, K>>();
-    auto& sb = alloc.allocate<st<T, N, K>>();
+    auto& sb = alloc.allocate<SB>();
     warpgroup::load(sa, a, coord{});
     warpgroup::load(sb, b, coord{});
     __syncthreads();
     rt_fl<16, N> acc;
     if (accumulate) load(acc, c, coord{0, 0, warp_id(), 0});
     else zero(acc);
+    rt<T, 16, K> a_regs;
+    load(a_regs, subtile<16, K>(sa, warp_id(), 0));
     wgmma::fence();
-    wgmma::mma_ABt(acc, sa, sb, accumulate);
+    auto run = [&](const auto& a_operand) {
+        if constexpr (b_row_major) wgmma::mma_AB(acc, a_operand, sb, accumulate);
+        else wgmma::mma_ABt(acc, a_operand, sb, accumulate);
+    };
+    if constexpr (a_in_registers) run(a_regs);
+    else run(sa);
     wgmma::commit();
     wgmma::wait<0>();
     store(d, acc, coord{0, 0, warp_id(), 0});
 }
 
 template <typename T, int N, int K>
-bool try_wgmma(int n, int k, bool accumulate, const gl_args& a, const gl_args& b, const gl_args& c, const gl_args& d,
-               int64_t stream) {
+__global__ void __launch_bounds__(128)
+    wgmma_kernel(gl<T> a, gl<T> b, gl<float> c, gl<float> d, bool accumulate, int variant) {
+    extern __shared__ char smem[];
+    switch (variant) {
+        case 0: wgmma_case<T, N, K, 0>(smem, a, b, c, d, accumulate); break;
+        case 1: wgmma_case<T, N, K, 1>(smem, a, b, c, d, accumulate); break;
+        case 2: wgmma_case<T, N, K, 2>(smem, a, b, c, d, accumulate); break;
+        case 3: wgmma_case<T, N, K, 3>(smem, a, b, c, d, accumulate); break;
+    }
+}
+
+template <typename T, int N, int K>
+bool try_wgmma(int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b, const gl_args& c,
+               const gl_args& d, int64_t stream) {
     if (n != N || k != K) return false;
     const int smem = shared_bytes_for<st<T, 64, K>, st<T, N, K>>();
     auto kernel = wgmma_kernel<T, N, K>;
     allow_shared(kernel, smem);
     kernel<<<1, 128, smem, as_stream(stream)>>>(make_gl<T>(a), make_gl<T>(b), make_gl<float>(c), make_gl<float>(d),
-                                                accumulate);
+                                                accumulate, variant);
     check_launch("wgmma");
     return true;
 }
 
-void wgmma_abt(int dtype, int n, int k, bool accumulate, const gl_args& a, const gl_args& b, const gl_args& c,
-               const gl_args& d, int64_t stream) {
+void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b,
+           const gl_args& c, const gl_args& d, int64_t stream) {
     auto go = [&]<typename T>(std::type_identity<T>) {
-        const bool done = try_wgmma<T, 64, 64>(n, k, accumulate, a, b, c, d, stream) ||
-                          try_wgmma<T, 128, 64>(n, k, accumulate, a, b, c, d, stream) ||
-                          try_wgmma<T, 256, 64>(n, k, accumulate, a, b, c, d, stream) ||
-                          try_wgmma<T, 128, 128>(n, k, accumulate, a, b, c, d, stream);
+        const bool done = try_wgmma<T, 64, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 128, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 256, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 128, 128>(n, k, accumulate, variant, a, b, c, d, stream);
         if (!done) throw std::runtime_error("wgmma: no instance for this shape");
     };
     if (dtype == BF16) go(std::type_identity<bf16>{});
@@ -111,12 +133,12 @@ void wgmma_abt(int dtype, int n, int k, bool accumulate, const gl_args& a, const
 }
 
 // Two-stage ring over the row tiles of `in` (rows x 64 float, rows a multiple of 64):
-// thread 0 of warp 4 (the producer) TMA-loads tile t into stage t % 2 once the
-// consumers have released it; the consumer warpgroup adds every tile into registers and
-// releases the stage. out (64 x 64) = sum of the tiles. Exercises phase parity over many
-// reuses of each semaphore.
-__global__ void __launch_bounds__(160) pipeline_kernel(const __grid_constant__ CUtensorMap in_map, int tiles,
-                                                       gl<float> out) {
+// warpgroup 1 is the producer (one thread TMA-loads tile t into stage t % 2 once the
+// consumers have released it) and gives registers back; warpgroup 0 consumes (adds every
+// tile into registers, releases the stage) with more registers. out (64 x 64) = sum of
+// the tiles. Exercises phase parity over many reuses of each semaphore, and setmaxnreg.
+__global__ void __launch_bounds__(256, 1) pipeline_kernel(const __grid_constant__ CUtensorMap in_map, int tiles,
+                                                          gl<float> out) {
     using ST = st<float, 64, 64>;
     extern __shared__ char smem[];
     shared_allocator alloc(smem);
@@ -131,8 +153,9 @@ __global__ void __launch_bounds__(160) pipeline_kernel(const __grid_constant__ C
         fence_semaphore_init();
     }
     __syncthreads();
-    if (warp_id() == 4) {
-        if (lane_id() == 0) {
+    if (warp_id() >= 4) {
+        decrease_registers<40>();
+        if (threadIdx.x == 128) {
             for (int t = 0; t < tiles; t++) {
                 const int s = t % 2;
                 if (t >= 2) wait(empty[s], (t / 2 - 1) % 2);  // consumers released use t-2
@@ -141,6 +164,7 @@ __global__ void __launch_bounds__(160) pipeline_kernel(const __grid_constant__ C
             }
         }
     } else {
+        increase_registers<232>();
         rt_fl<16, 64> sum, x;
         zero(sum);
         for (int t = 0; t < tiles; t++) {
@@ -160,7 +184,7 @@ void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_
     const int smem = shared_bytes_for<ST[2], semaphore[2], semaphore[2]>();
     auto kernel = pipeline_kernel;
     allow_shared(kernel, smem);
-    kernel<<<1, 160, smem, as_stream(stream)>>>(tensor_map<ST>(make_gl<float>(in)), tiles, make_gl<float>(out));
+    kernel<<<1, 256, smem, as_stream(stream)>>>(tensor_map<ST>(make_gl<float>(in)), tiles, make_gl<float>(out));
     check_launch("semaphore_pipeline");
 }
 
