@@ -31,7 +31,8 @@ def hopper():
     build_dir.mkdir(parents=True, exist_ok=True)
     return load(
         name="tk_core_hopper_test",
-        sources=[str(KERNELS / "hopper_bindings.cpp"), str(KERNELS / "hopper_ops.cu")],
+        sources=[str(KERNELS / "hopper_bindings.cpp"), str(KERNELS / "hopper_ops.cu"),
+                 str(KERNELS / "hopper_gemm.cu")],
         extra_include_paths=[str(REPO)],
         extra_cflags=["-std=c++20", "-O2"],
         extra_cuda_cflags=["-std=c++20", "--expt-relaxed-constexpr", "-O3",
@@ -104,3 +105,22 @@ def test_semaphore_pipeline(hopper, tiles):
     hopper.semaphore_pipeline(gl(source), tiles, gl(out), stream())
     expected = source.view(tiles, 64, 64).double().sum(0)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+# ---- the load/compute/finish template, through a GEMM ---------------------------------------
+
+GEMM_SHAPES = [(128, 256, 64), (1000, 1000, 1000), (17, 300, 129), (2048, 4096, 1024)]
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_pipeline_gemm(hopper, dtype, shape):
+    m, n, k = shape
+    a, b = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype)
+    c = nans(m, n, dtype=dtype)
+    hopper.gemm(CODES[dtype], gl(a), gl(b), gl(c), stream())
+    reference = a.double() @ b.double()
+    err = (c.double() - reference).abs().max().item()
+    err_torch = ((a @ b).double() - reference).abs().max().item()
+    assert torch.isfinite(c).all(), "unwritten or non-finite output"
+    assert err <= 2 * err_torch + 1e-6, f"max abs error {err:.3e} vs torch.matmul {err_torch:.3e}"

@@ -4,3 +4,4 @@
 #include "semaphore.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
+#include "pipeline.cuh"

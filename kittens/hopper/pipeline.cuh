@@ -1,0 +1,98 @@
+// The load / compute / finish producer-consumer template (sm_90a).
+//
+// A kernel author describes one problem as a Layout struct and writes small static
+// functions; the template owns the persistent task loop, the STAGES-deep ring of
+// shared input blocks, the full/empty semaphores with their phases, and the register
+// split between the producer warpgroup (one thread issues TMA loads) and the consumer
+// warpgroups (tensor-core work).
+//
+// struct Layout {
+//     static constexpr int consumer_warpgroups, stages;
+//     using globals = ...;        // kernel arguments (tensor maps, layouts, sizes)
+//     using inputs = ...;         // one stage of shared tiles
+//     using task = ...;           // what one unit of work needs to know
+//     using registers = ...;      // a consumer warpgroup's accumulators
+//     static bool get_task(task&, int index, const globals&);           // false: no more work
+//     static int iterations(const task&, const globals&);               // input stages per task
+//     static constexpr uint32_t input_bytes;                            // TMA bytes per stage
+//     static void load(inputs&, const task&, int it, const globals&, semaphore&);
+//         // producer thread: start the TMA copies of iteration `it` on the semaphore
+//     static void setup(registers&, const task&);                       // per consumer warpgroup
+//     static void compute(registers&, inputs&, const task&, int it, int consumer);
+//         // consumer warpgroup `consumer`; must finish reading `inputs` before returning
+//     static void finish(registers&, const task&, const globals&, int consumer);
+// };
+#pragma once
+#include "semaphore.cuh"
+#include "tma.cuh"
+#include "../ops/group/group.cuh"
+
+namespace kittens::pipeline {
+
+template <typename L>
+constexpr int threads() { return (L::consumer_warpgroups + 1) * 4 * WARP_THREADS; }
+
+template <typename L>
+constexpr int shared_bytes() { return shared_bytes_for<typename L::inputs[L::stages], semaphore[2 * L::stages]>(); }
+
+// Registers per thread after the split: the producer keeps few, consumers share the rest
+// of the 64K-register file (multiples of 8, at most 240).
+template <typename L> constexpr int producer_registers() { return 40; }
+template <typename L> constexpr int consumer_registers() {
+    constexpr int available = 65536 / (4 * WARP_THREADS) - producer_registers<L>();
+    constexpr int each = available / L::consumer_warpgroups / 8 * 8;
+    return each > 240 ? 240 : each;
+}
+
+template <typename L>
+__global__ void __launch_bounds__(threads<L>(), 1) kernel(const __grid_constant__ typename L::globals g) {
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& ring = alloc.allocate<typename L::inputs[L::stages]>();
+    auto& sems = alloc.allocate<semaphore[2 * L::stages]>();
+    semaphore* full = sems;                // producer -> consumers: stage loaded
+    semaphore* empty = sems + L::stages;   // consumers -> producer: stage free
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < L::stages; s++) {
+            init_semaphore(full[s], 1);
+            init_semaphore(empty[s], L::consumer_warpgroups * 4);  // one arrival per consumer warp
+        }
+        fence_semaphore_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = warp_id() / 4;
+    typename L::task task;
+    if (warpgroup == L::consumer_warpgroups) {  // producer
+        decrease_registers<producer_registers<L>()>();
+        if (threadIdx.x % (4 * WARP_THREADS) != 0) return;
+        int it = 0;  // input stages issued so far, over all tasks of this block
+        for (int index = blockIdx.x; L::get_task(task, index, g); index += gridDim.x) {
+            const int n = L::iterations(task, g);
+            for (int i = 0; i < n; i++, it++) {
+                const int s = it % L::stages;
+                if (it >= L::stages) wait(empty[s], (it / L::stages - 1) % 2);
+                expect_bytes(full[s], L::input_bytes);
+                L::load(ring[s], task, i, g, full[s]);
+            }
+        }
+    } else {  // consumers
+        increase_registers<consumer_registers<L>()>();
+        typename L::registers regs;
+        int it = 0;
+        for (int index = blockIdx.x; L::get_task(task, index, g); index += gridDim.x) {
+            L::setup(regs, task);
+            const int n = L::iterations(task, g);
+            for (int i = 0; i < n; i++, it++) {
+                const int s = it % L::stages;
+                wait(full[s], (it / L::stages) % 2);
+                L::compute(regs, ring[s], task, i, warpgroup);
+                __syncwarp();
+                if (lane_id() == 0) arrive(empty[s]);
+            }
+            L::finish(regs, task, g, warpgroup);
+        }
+    }
+}
+
+}  // namespace kittens::pipeline
