@@ -1,7 +1,6 @@
 """Time the load/compute/finish template's GEMM (tests/core_kernels/hopper_gemm.cu, a core
 test kernel, not yet tk.matmul) against torch.matmul (cuBLAS) in the same process, to track the
-Hopper template's speed. Run from the repository root on an sm_90 GPU after
-`pytest tests/test_core_hopper_gpu.py` has built the test extension."""
+Hopper template's speed. Run from the repository root on an sm_90 GPU (the test extension is built on first use)."""
 
 import sys
 
@@ -10,11 +9,11 @@ import torch
 sys.path.insert(0, "tests")
 from benchmarks.timing import median_ms  # noqa: E402
 from test_core_gpu import CODES, gl  # noqa: E402
-import test_core_hopper_gpu  # noqa: E402
+from test_core_hopper_gpu import build_hopper_extension  # noqa: E402
 
 
 def main():
-    hopper = test_core_hopper_gpu.hopper.__wrapped__()
+    hopper = build_hopper_extension()
     for m, n, k in [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 2048), (4096, 14336, 4096)]:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)

@@ -22,8 +22,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hopper():
+def build_hopper_extension():
+    """JIT-build (or load the cached build of) the Hopper core test kernels."""
     from torch.utils.cpp_extension import load
 
     root = os.environ.get("TK_TEST_BUILD_DIR") or os.path.join(tempfile.gettempdir(), "tk_core_test")
@@ -40,6 +40,11 @@ def hopper():
         build_directory=str(build_dir),
         verbose=os.environ.get("TK_TEST_VERBOSE") == "1",
     )
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    return build_hopper_extension()
 
 
 # ---- TMA ------------------------------------------------------------------------------------
