@@ -114,7 +114,8 @@ def test_semaphore_pipeline(hopper, tiles):
 
 # ---- the load/compute/finish template, through a GEMM ---------------------------------------
 
-GEMM_SHAPES = [(128, 256, 64), (1000, 1000, 1000), (17, 300, 129), (2048, 4096, 1024)]
+# Partial tiles in every dim; TMA needs 16-byte row strides, so N and K are multiples of 8.
+GEMM_SHAPES = [(128, 256, 64), (1000, 1000, 1000), (17, 312, 136), (2048, 4096, 1024)]
 
 
 @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -129,3 +130,12 @@ def test_pipeline_gemm(hopper, dtype, shape):
     err_torch = ((a @ b).double() - reference).abs().max().item()
     assert torch.isfinite(c).all(), "unwritten or non-finite output"
     assert err <= 2 * err_torch + 1e-6, f"max abs error {err:.3e} vs torch.matmul {err_torch:.3e}"
+
+
+def test_pipeline_gemm_rejects_strides_tma_cannot_read(hopper):
+    # K = 129: A's rows are 258 bytes apart, not a multiple of 16; the tensor map is refused
+    # with an error instead of a launch (seen on the H200: CUresult 1, invalid value).
+    a, b = randn(17, 129, dtype=torch.bfloat16), randn(129, 64, dtype=torch.bfloat16)
+    c = nans(17, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="make_tensor_map failed"):
+        hopper.gemm(CODES[torch.bfloat16], gl(a), gl(b), gl(c), stream())
