@@ -148,50 +148,45 @@ template <int N> __device__ __forceinline__ void wait() {
 // a is 64 x K in shared memory (K-major), or this warp's 16 x K row-layout register
 // tile (rows 16 * warp-in-group of the 64).
 
-// d (+)= a * b^T, b an N x K K-major shared tile.
-template <register_tile D, typename A, typename SB>
-__device__ __forceinline__ void mma_ABt(D& d, const A& a, const SB& b, bool accumulate) {
-    using T = typename SB::dtype;
-    static_assert(half_precision<T> && std::same_as<T, typename A::dtype>, "wgmma::mma_ABt: bf16 or fp16 operands");
-    static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
-    auto& regs = detail::accumulator_registers(d);
+namespace detail {
+// The k-steps of one call: B's descriptor for step k comes from b_descriptor(k); A is a
+// shared tile (descriptor) or this warp's register tile (fragment k).
+template <int TRANS_B, register_tile D, typename A, typename BDescriptor>
+__device__ __forceinline__ void mma_k_steps(D& d, const A& a, BDescriptor b_descriptor, bool accumulate) {
+    using T = typename A::dtype;
+    auto& regs = accumulator_registers(d);
 #pragma unroll
     for (int k = 0; k < A::cols / TILE_DIM; k++) {
-        const uint64_t db = descriptor(b, 0, k * TILE_DIM);
         const int acc = (accumulate || k > 0) ? 1 : 0;
         if constexpr (register_tile<A>) {
             static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
             uint32_t af[4];
-            detail::a_fragment(af, a, k);
-            detail::mma_step<T, 0, D::cols>(regs, af, db, acc);
+            a_fragment(af, a, k);
+            mma_step<T, TRANS_B, D::cols>(regs, af, b_descriptor(k), acc);
         } else {
             static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-            detail::mma_step<T, 0, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), db, acc);
+            mma_step<T, TRANS_B, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), b_descriptor(k), acc);
         }
     }
+}
+}  // namespace detail
+
+// d (+)= a * b^T, b an N x K K-major shared tile.
+template <register_tile D, typename A, typename SB>
+__device__ __forceinline__ void mma_ABt(D& d, const A& a, const SB& b, bool accumulate) {
+    static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
+                  "wgmma::mma_ABt: bf16 or fp16 operands");
+    static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
+    detail::mma_k_steps<0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
 }
 
 // d (+)= a * b, b a K x N shared tile stored row-major (MN-major for wgmma).
 template <register_tile D, typename A, typename SB>
 __device__ __forceinline__ void mma_AB(D& d, const A& a, const SB& b, bool accumulate) {
-    using T = typename SB::dtype;
-    static_assert(half_precision<T> && std::same_as<T, typename A::dtype>, "wgmma::mma_AB: bf16 or fp16 operands");
+    static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
+                  "wgmma::mma_AB: bf16 or fp16 operands");
     static_assert(SB::cols == D::cols && A::cols == SB::rows, "wgmma::mma_AB: shapes (64 x K)(K x N)");
-    auto& regs = detail::accumulator_registers(d);
-#pragma unroll
-    for (int k = 0; k < A::cols / TILE_DIM; k++) {
-        const uint64_t db = descriptor_mn_major(b, k * TILE_DIM);
-        const int acc = (accumulate || k > 0) ? 1 : 0;
-        if constexpr (register_tile<A>) {
-            static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
-            uint32_t af[4];
-            detail::a_fragment(af, a, k);
-            detail::mma_step<T, 1, D::cols>(regs, af, db, acc);
-        } else {
-            static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-            detail::mma_step<T, 1, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), db, acc);
-        }
-    }
+    detail::mma_k_steps<1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
 }
 
 }  // namespace kittens::wgmma

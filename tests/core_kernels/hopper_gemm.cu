@@ -2,9 +2,7 @@
 // C (M x N) = A (M x K) * B (K x N), all row-major, bf16/fp16 in, fp32 accumulation.
 // 128 x 256 output tiles, two consumer warpgroups of 64 rows, 64-deep K stages through a
 // 4-stage TMA ring, wgmma with B MN-major, a persistent grid in L2-friendly task order.
-#include "common.cuh"
-#include "kittens/hopper/hopper.cuh"
-#include "hopper_launchers.h"
+#include "hopper_common.cuh"
 
 namespace tk_test {
 
@@ -60,19 +58,11 @@ struct gemm_layout {
     }
 };
 
-template <typename ST, typename T>
-CUtensorMap gemm_tensor_map(const gl<T>& g) {
-    CUtensorMap map;
-    const CUresult r = tma::make_tensor_map<ST>(&map, g);
-    if (r != CUDA_SUCCESS) throw std::runtime_error("make_tensor_map failed: CUresult " + std::to_string(int(r)));
-    return map;
-}
-
 void gemm(int dtype, const gl_args& a, const gl_args& b, const gl_args& c, int64_t stream) {
     auto go = [&]<typename T>(std::type_identity<T>) {
         using L = gemm_layout<T>;
         const gl<T> ga = make_gl<T>(a), gb = make_gl<T>(b), gc = make_gl<T>(c);
-        const typename L::globals g{gemm_tensor_map<typename L::a_tile>(ga), gemm_tensor_map<typename L::b_tile>(gb),
+        const typename L::globals g{tensor_map<typename L::a_tile>(ga), tensor_map<typename L::b_tile>(gb),
                                     gc, ga.rows(), gb.cols(), ga.cols()};
         int sms = 0;
         check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "multiprocessors");

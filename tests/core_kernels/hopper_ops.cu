@@ -1,9 +1,7 @@
 // Hopper (sm_90a) layer of the core: TMA round trips with partial tiles, TMA
 // reduce-add, wgmma against torch, and a semaphore-driven two-stage pipeline.
 // Built only for sm_90 GPUs (tests/test_core_hopper_gpu.py).
-#include "common.cuh"
-#include "kittens/hopper/hopper.cuh"
-#include "hopper_launchers.h"
+#include "hopper_common.cuh"
 
 namespace tk_test {
 
@@ -38,14 +36,6 @@ __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtens
         tma::store_commit();
         tma::store_wait<0>();
     }
-}
-
-template <typename ST, typename T>
-CUtensorMap tensor_map(const gl<T>& g) {
-    CUtensorMap map;
-    const CUresult r = tma::make_tensor_map<ST>(&map, g);
-    if (r != CUDA_SUCCESS) throw std::runtime_error("make_tensor_map failed: CUresult " + std::to_string(int(r)));
-    return map;
 }
 
 void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
