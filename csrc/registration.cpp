@@ -18,6 +18,10 @@ TORCH_LIBRARY(tk, m) {
     // log-sum-exp of the scaled scores, which the backward pass will need.
     m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
           "-> (Tensor out, Tensor lse)");
+    // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
+    // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
+    // contiguous in the inputs' dtype, accumulated in fp32.
+    m.def("matmul(Tensor a, Tensor b) -> Tensor");
 }
 
 namespace {
@@ -37,10 +41,19 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, co
 }
 #endif
 
+#ifndef TK_HAS_MATMUL
+at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_built("matmul", "matmul"); }
+#endif
+
 }  // namespace
 
 #ifndef TK_HAS_ATTENTION
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd", &attention_fwd_not_built);
+}
+#endif
+#ifndef TK_HAS_MATMUL
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("matmul", &matmul_not_built);
 }
 #endif

@@ -12,6 +12,7 @@
 #                     long check over two calls, e.g. build,test then sanitize,bench: the build
 #                     stays on a warm machine.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
+#   TK_SANITIZE_SCRIPTS  which scripts/sanitize_<op>.py to run (default "attention matmul")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
 #   TK_CHECK_BUDGET_S seconds the whole check may take (default 570: the device tool allows 600
 #                     per command); steps are cut short or skipped so the summary still prints
@@ -157,9 +158,9 @@ if want sanitize; then
             banner "compute-sanitizer --tool $tool"
             # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
             # accesses past the end of an output as out of bounds.
-            run_step "$tool" 300 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-                "$SANITIZER" --tool "$tool" --error-exitcode 99 \
-                "$PY" scripts/sanitize_attention.py > "$OUT/sanitize_$tool.log" 2>&1
+            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention matmul}; do
+                    PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool --error-exitcode 99 \
+                        '$PY' scripts/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
         done
     fi
 fi
@@ -189,8 +190,8 @@ fi
 if want sanitize; then
     for tool in ${SANITIZERS//,/ }; do
         [[ -s $OUT/sanitize_$tool.log ]] || continue
-        echo "-- $tool: $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)" \
-             "| $(grep -h 'sanitize_attention:' "$OUT/sanitize_$tool.log" | tail -1)"
+        echo "-- $tool: $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_$tool.log" | tr '\n' ' ')" \
+             "| $(grep -h '^sanitize_[a-z]*:' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
         grep -m 5 -E "^========= (Invalid|Race|Barrier|Error|.*hazard)" "$OUT/sanitize_$tool.log" | cut -c1-200
     done
 fi

@@ -10,6 +10,7 @@
 //     static constexpr int consumer_warpgroups, stages;
 //     using globals = ...;        // kernel arguments (tensor maps, layouts, sizes)
 //     using inputs = ...;         // one stage of shared tiles
+//     using outputs = ...;        // shared staging for results (may be an empty struct)
 //     using task = ...;           // what one unit of work needs to know
 //     using registers = ...;      // a consumer warpgroup's accumulators
 //     static bool get_task(task&, int index, const globals&);           // false: no more work
@@ -19,8 +20,16 @@
 //         // producer thread: start the TMA copies of iteration `it` on the semaphore
 //     static void setup(registers&, const task&);                       // per consumer warpgroup
 //     static void compute(registers&, inputs&, const task&, int it, int consumer);
-//         // consumer warpgroup `consumer`; must finish reading `inputs` before returning
-//     static void finish(registers&, const task&, const globals&, int consumer);
+//         // consumer warpgroup `consumer`; must finish reading `inputs` before returning,
+//         // unless release_lag is 1 (below)
+//     static void finish(registers&, outputs&, const task&, const globals&, int consumer);
+//
+//     // Optional:
+//     static constexpr int release_lag = 1;
+//         // compute(it) may return while still reading stage it (e.g. one wgmma group left
+//         // in flight) but is done with stage it-1, which the template then releases; before
+//         // finish, drain(registers&, consumer) must end all reads of the last stage.
+//     static void cleanup(outputs&, int consumer);  // after the last task of the block
 // };
 #pragma once
 #include "semaphore.cuh"
@@ -33,7 +42,15 @@ template <typename L>
 constexpr int threads() { return (L::consumer_warpgroups + 1) * 4 * WARP_THREADS; }
 
 template <typename L>
-constexpr int shared_bytes() { return shared_bytes_for<typename L::inputs[L::stages], semaphore[2 * L::stages]>(); }
+constexpr int shared_bytes() {
+    return shared_bytes_for<typename L::inputs[L::stages], typename L::outputs, semaphore[2 * L::stages]>();
+}
+
+template <typename L>
+constexpr int release_lag() {
+    if constexpr (requires { L::release_lag; }) return L::release_lag;
+    else return 0;
+}
 
 // Registers per thread after the split: the producer keeps few, consumers share the rest
 // of the 64K-register file (multiples of 8, at most 240).
@@ -46,9 +63,14 @@ template <typename L> constexpr int consumer_registers() {
 
 template <typename L>
 __global__ void __launch_bounds__(threads<L>(), 1) kernel(const __grid_constant__ typename L::globals g) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Compiled for a GPU without the sm_90a features (an extension also built for sm_80,
+    // say): no body there, and the host side launches it only on sm_90.
+#else
     extern __shared__ char smem[];
     shared_allocator alloc(smem);
     auto& ring = alloc.allocate<typename L::inputs[L::stages]>();
+    auto& outputs = alloc.allocate<typename L::outputs>();
     auto& sems = alloc.allocate<semaphore[2 * L::stages]>();
     semaphore* full = sems;                // producer -> consumers: stage loaded
     semaphore* empty = sems + L::stages;   // consumers -> producer: stage free
@@ -79,6 +101,8 @@ __global__ void __launch_bounds__(threads<L>(), 1) kernel(const __grid_constant_
     } else {  // consumers
         increase_registers<consumer_registers<L>()>();
         typename L::registers regs;
+        constexpr int lag = release_lag<L>();
+        static_assert(lag == 0 || lag == 1, "pipeline: release_lag is 0 or 1");
         int it = 0;
         for (int index = blockIdx.x; L::get_task(task, index, g); index += gridDim.x) {
             L::setup(regs, task);
@@ -88,11 +112,18 @@ __global__ void __launch_bounds__(threads<L>(), 1) kernel(const __grid_constant_
                 wait(full[s], (it / L::stages) % 2);
                 L::compute(regs, ring[s], task, i, warpgroup);
                 __syncwarp();
-                if (lane_id() == 0) arrive(empty[s]);
+                if (lane_id() == 0 && i >= lag) arrive(empty[(it - lag) % L::stages]);
             }
-            L::finish(regs, task, g, warpgroup);
+            if constexpr (lag == 1) {
+                L::drain(regs, warpgroup);
+                __syncwarp();
+                if (lane_id() == 0 && n > 0) arrive(empty[(it - 1) % L::stages]);
+            }
+            L::finish(regs, outputs, task, g, warpgroup);
         }
+        if constexpr (requires { L::cleanup(outputs, warpgroup); }) L::cleanup(outputs, warpgroup);
     }
+#endif
 }
 
 }  // namespace kittens::pipeline

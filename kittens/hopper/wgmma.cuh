@@ -41,15 +41,15 @@ namespace detail {
 // (TRANS_B 0) or MN-major (TRANS_B 1). Generated: the operand lists are N/2 registers long.
 #define KITTENS_WGMMA_SS_64(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 #define KITTENS_WGMMA_RS_64(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
-template <half_precision T, int TRANS_B>
+template <half_precision T, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void mma_64x64x16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_64("bf16");
     else KITTENS_WGMMA_SS_64("f16");
@@ -64,15 +64,15 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)
 
 #define KITTENS_WGMMA_SS_128(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 #define KITTENS_WGMMA_RS_128(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
-template <half_precision T, int TRANS_B>
+template <half_precision T, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_128("bf16");
     else KITTENS_WGMMA_SS_128("f16");
@@ -87,15 +87,15 @@ __device__ __forceinline__ void mma_64x128x16(float (&d)[64], const uint32_t (&a
 
 #define KITTENS_WGMMA_SS_256(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %131, %132;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
 #define KITTENS_WGMMA_RS_256(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
-template <half_precision T, int TRANS_B>
+template <half_precision T, int TRANS_A, int TRANS_B>
 __device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_256("bf16");
     else KITTENS_WGMMA_SS_256("f16");
@@ -108,13 +108,21 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], const uint32_t (&
 #undef KITTENS_WGMMA_SS_256
 #undef KITTENS_WGMMA_RS_256
 
-// N-dispatch of one k-step; A is a descriptor (SS) or this warp's 16 x 16 fragment (RS).
-template <half_precision T, int TRANS_B, int N, typename AOperand>
+// N-dispatch of one k-step; A is a descriptor (SS, K-major or with TRANS_A MN-major) or
+// this warp's 16 x 16 fragment (RS, always K-major).
+template <half_precision T, int TRANS_A, int TRANS_B, int N, typename AOperand>
 __device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, uint64_t desc_b, int accumulate) {
     static_assert(N == 64 || N == 128 || N == 256, "wgmma: N is 64, 128 or 256");
-    if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
-    else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
-    else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);
+    if constexpr (std::same_as<AOperand, uint64_t>) {
+        if constexpr (N == 64) mma_64x64x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 128) mma_64x128x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        else mma_64x256x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+    } else {
+        static_assert(TRANS_A == 0, "wgmma: a register A operand is always K-major");
+        if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);
+    }
 }
 
 template <typename D>
@@ -149,44 +157,72 @@ template <int N> __device__ __forceinline__ void wait() {
 // tile (rows 16 * warp-in-group of the 64).
 
 namespace detail {
-// The k-steps of one call: B's descriptor for step k comes from b_descriptor(k); A is a
-// shared tile (descriptor) or this warp's register tile (fragment k).
-template <int TRANS_B, register_tile D, typename A, typename BDescriptor>
+// The k-steps of one call. A is a shared tile (64 x K K-major, or with TRANS_A a K x 64
+// tile stored row-major, i.e. MN-major) or this warp's register tile (fragment k); B's
+// descriptor for step k comes from b_descriptor(k).
+template <int TRANS_A, int TRANS_B, register_tile D, typename A, typename BDescriptor>
 __device__ __forceinline__ void mma_k_steps(D& d, const A& a, BDescriptor b_descriptor, bool accumulate) {
     using T = typename A::dtype;
     auto& regs = accumulator_registers(d);
+    constexpr int k_extent = TRANS_A ? A::rows : A::cols;
 #pragma unroll
-    for (int k = 0; k < A::cols / TILE_DIM; k++) {
+    for (int k = 0; k < k_extent / TILE_DIM; k++) {
         const int acc = (accumulate || k > 0) ? 1 : 0;
         if constexpr (register_tile<A>) {
             static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
             uint32_t af[4];
             a_fragment(af, a, k);
-            mma_step<T, TRANS_B, D::cols>(regs, af, b_descriptor(k), acc);
+            mma_step<T, 0, TRANS_B, D::cols>(regs, af, b_descriptor(k), acc);
+        } else if constexpr (TRANS_A) {
+            static_assert(A::cols == 64, "wgmma: a transposed shared a has the warpgroup's 64 rows as columns");
+            mma_step<T, 1, TRANS_B, D::cols>(regs, descriptor_mn_major(a, k * TILE_DIM), b_descriptor(k), acc);
         } else {
             static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-            mma_step<T, TRANS_B, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), b_descriptor(k), acc);
+            mma_step<T, 0, TRANS_B, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), b_descriptor(k), acc);
         }
     }
+}
+
+template <typename A, typename SB>
+constexpr void check_operand_types() {
+    static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
+                  "wgmma: bf16 or fp16 operands of one type");
 }
 }  // namespace detail
 
 // d (+)= a * b^T, b an N x K K-major shared tile.
 template <register_tile D, typename A, typename SB>
 __device__ __forceinline__ void mma_ABt(D& d, const A& a, const SB& b, bool accumulate) {
-    static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
-                  "wgmma::mma_ABt: bf16 or fp16 operands");
+    detail::check_operand_types<A, SB>();
     static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
-    detail::mma_k_steps<0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<0, 0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
 }
 
 // d (+)= a * b, b a K x N shared tile stored row-major (MN-major for wgmma).
 template <register_tile D, typename A, typename SB>
 __device__ __forceinline__ void mma_AB(D& d, const A& a, const SB& b, bool accumulate) {
-    static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
-                  "wgmma::mma_AB: bf16 or fp16 operands");
+    detail::check_operand_types<A, SB>();
     static_assert(SB::cols == D::cols && A::cols == SB::rows, "wgmma::mma_AB: shapes (64 x K)(K x N)");
-    detail::mma_k_steps<1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<0, 1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
+}
+
+// d (+)= a^T * b^T: a a K x 64 shared tile (its transpose is the warpgroup's 64 rows),
+// b an N x K K-major shared tile.
+template <register_tile D, typename SA, typename SB>
+__device__ __forceinline__ void mma_AtBt(D& d, const SA& a, const SB& b, bool accumulate) {
+    detail::check_operand_types<SA, SB>();
+    static_assert(shared_tile<SA>, "wgmma::mma_AtBt: a transposed a lives in shared memory");
+    static_assert(SB::rows == D::cols && SA::rows == SB::cols, "wgmma::mma_AtBt: shapes (K x 64)(N x K)");
+    detail::mma_k_steps<1, 0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
+}
+
+// d (+)= a^T * b: a a K x 64 shared tile, b a K x N shared tile stored row-major.
+template <register_tile D, typename SA, typename SB>
+__device__ __forceinline__ void mma_AtB(D& d, const SA& a, const SB& b, bool accumulate) {
+    detail::check_operand_types<SA, SB>();
+    static_assert(shared_tile<SA>, "wgmma::mma_AtB: a transposed a lives in shared memory");
+    static_assert(SB::cols == D::cols && SA::rows == SB::rows, "wgmma::mma_AtB: shapes (K x 64)(K x N)");
+    detail::mma_k_steps<1, 1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
 }
 
 }  // namespace kittens::wgmma

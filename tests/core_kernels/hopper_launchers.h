@@ -17,8 +17,4 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
 // out (64 x 64 float) = sum over the 64-row tiles of in, through a 2-stage TMA ring.
 void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream);
 
-// c (M x N) = a (M x K) * b (K x N), all row-major 16-bit, through the load/compute/finish
-// template (hopper_gemm.cu).
-void gemm(int dtype, const gl_args& a, const gl_args& b, const gl_args& c, int64_t stream);
-
 }  // namespace tk_test

@@ -54,14 +54,17 @@ void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_a
 
 // d (64 x N) = a (64 x K) * op(b) [+ c], one warpgroup, operands staged by the (tested)
 // group copies so only wgmma is under test. variant bit 0: b is K x N row-major (mma_AB)
-// instead of N x K (mma_ABt); bit 1: a comes from registers (each warp's 16 rows).
+// instead of N x K (mma_ABt); bit 1: a comes from registers (each warp's 16 rows); bit 2:
+// a is given transposed, K x 64 row-major in shared memory (mma_AtB / mma_AtBt).
 template <typename T, int N, int K, int VARIANT>
 __device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<float>& c, const gl<float>& d,
                            bool accumulate) {
-    constexpr bool b_row_major = VARIANT & 1, a_in_registers = VARIANT & 2;
+    constexpr bool b_row_major = VARIANT & 1, a_in_registers = VARIANT & 2, a_transposed = VARIANT & 4;
+    static_assert(!(a_in_registers && a_transposed), "wgmma: a register a is never transposed");
+    using SA = std::conditional_t<a_transposed, st<T, K, 64>, st<T, 64, K>>;
     using SB = std::conditional_t<b_row_major, st<T, K, N>, st<T, N, K>>;
     shared_allocator alloc(smem);
-    auto& sa = alloc.allocate<st<T, 64, K>>();
+    auto& sa = alloc.allocate<SA>();
     auto& sb = alloc.allocate<SB>();
     warpgroup::load(sa, a, coord{});
     warpgroup::load(sb, b, coord{});
@@ -69,15 +72,23 @@ __device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<
     rt_fl<16, N> acc;
     if (accumulate) load(acc, c, coord{0, 0, warp_id(), 0});
     else zero(acc);
-    rt<T, 16, K> a_regs;
-    load(a_regs, subtile<16, K>(sa, warp_id(), 0));
     wgmma::fence();
-    auto run = [&](const auto& a_operand) {
-        if constexpr (b_row_major) wgmma::mma_AB(acc, a_operand, sb, accumulate);
-        else wgmma::mma_ABt(acc, a_operand, sb, accumulate);
-    };
-    if constexpr (a_in_registers) run(a_regs);
-    else run(sa);
+    if constexpr (a_transposed) {
+        if constexpr (b_row_major) wgmma::mma_AtB(acc, sa, sb, accumulate);
+        else wgmma::mma_AtBt(acc, sa, sb, accumulate);
+    } else {
+        auto run = [&](const auto& a_operand) {
+            if constexpr (b_row_major) wgmma::mma_AB(acc, a_operand, sb, accumulate);
+            else wgmma::mma_ABt(acc, a_operand, sb, accumulate);
+        };
+        if constexpr (a_in_registers) {
+            rt<T, 16, K> a_regs;
+            load(a_regs, subtile<16, K>(sa, warp_id(), 0));
+            run(a_regs);
+        } else {
+            run(sa);
+        }
+    }
     wgmma::commit();
     wgmma::wait<0>();
     store(d, acc, coord{0, 0, warp_id(), 0});
@@ -92,6 +103,8 @@ __global__ void __launch_bounds__(128)
         case 1: wgmma_case<T, N, K, 1>(smem, a, b, c, d, accumulate); break;
         case 2: wgmma_case<T, N, K, 2>(smem, a, b, c, d, accumulate); break;
         case 3: wgmma_case<T, N, K, 3>(smem, a, b, c, d, accumulate); break;
+        case 4: wgmma_case<T, N, K, 4>(smem, a, b, c, d, accumulate); break;
+        case 5: wgmma_case<T, N, K, 5>(smem, a, b, c, d, accumulate); break;
     }
 }
 
@@ -99,7 +112,7 @@ template <typename T, int N, int K>
 bool try_wgmma(int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b, const gl_args& c,
                const gl_args& d, int64_t stream) {
     if (n != N || k != K) return false;
-    const int smem = shared_bytes_for<st<T, 64, K>, st<T, N, K>>();
+    const int smem = shared_bytes_for<st<T, 64, K>, st<T, N, K>>();  // either operand order: same bytes
     auto kernel = wgmma_kernel<T, N, K>;
     allow_shared(kernel, smem);
     kernel<<<1, 128, smem, as_stream(stream)>>>(make_gl<T>(a), make_gl<T>(b), make_gl<float>(c), make_gl<float>(d),

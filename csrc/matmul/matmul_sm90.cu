@@ -1,0 +1,269 @@
+// tk::matmul on Hopper (sm_90a): C (batch, M, N) = A (batch, M, K) * B (batch, K, N), bf16
+// or fp16 in, fp32 accumulation, C in the input type. Written on the core's
+// load/compute/finish template (kittens/hopper/pipeline.cuh):
+//
+// - one task is a 128 x 256 tile of C; a persistent grid walks the tasks in groups of 8
+//   tile-rows so that blocks running together share A rows and B columns in L2;
+// - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
+//   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
+// - two consumer warpgroups each own 64 rows and issue wgmma 64x256x16 from shared
+//   memory, keeping one wgmma group in flight (release_lag = 1) so the tensor cores do
+//   not drain at every stage;
+// - transposed operands are read as they are: a column-major A or B is loaded as its
+//   row-major transpose and fed to wgmma as an MN-major / K-major operand;
+// - the epilogue converts a consumer's 64 x 256 accumulator in 64-column chunks into two
+//   alternating shared buffers and writes them with TMA stores, which clip at the matrix
+//   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
+//   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
+//   with bounds checks instead.
+#include <cuda.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+
+#include "kittens/kittens.cuh"
+#include "kittens/hopper/hopper.cuh"
+#include "matmul/matmul_params.h"
+
+namespace tk::matmul {
+namespace {
+
+namespace kt = kittens;
+
+constexpr int BM = 128, BN = 256, BK = 64;
+constexpr int STAGES = 4;
+constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
+
+template <typename T, bool A_T, bool B_T, bool C_TMA, int LAG = 1>
+struct Layout {
+    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = LAG;
+    using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
+    using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
+    using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
+    struct inputs {
+        a_tile a;
+        b_tile b;
+    };
+    struct staged_outputs {
+        c_tile c[2][2];  // [consumer][alternating buffer]
+    };
+    struct no_outputs {};
+    using outputs = std::conditional_t<C_TMA, staged_outputs, no_outputs>;
+    static constexpr uint32_t input_bytes = kt::tma::tile_bytes<a_tile>() + kt::tma::tile_bytes<b_tile>();
+
+    struct globals {
+        CUtensorMap a_map, b_map, c_map;  // c_map is only used with C_TMA
+        kt::gl<T> c;
+        int batch, m, n, k;
+        int m_tiles, n_tiles;
+        bool a_batched, b_batched;  // false: batch 1, broadcast
+    };
+    struct task {
+        int batch, m_tile, n_tile;
+    };
+    struct registers {
+        kt::rt_fl<16, BN> acc;  // this warp's 16 rows of its warpgroup's 64
+    };
+
+    __device__ static bool get_task(task& t, int index, const globals& g) {
+        constexpr int GROUP = 8;
+        const int per_batch = g.m_tiles * g.n_tiles;
+        if (index >= per_batch * g.batch) return false;
+        t.batch = index / per_batch;
+        const int local = index % per_batch;
+        const int first_m = local / (GROUP * g.n_tiles) * GROUP;
+        const int rows = min(GROUP, g.m_tiles - first_m), in_group = local % (GROUP * g.n_tiles);
+        t.m_tile = first_m + in_group % rows;
+        t.n_tile = in_group / rows;
+        return true;
+    }
+    __device__ static int iterations(const task&, const globals& g) { return kt::ceil_div(g.k, BK); }
+
+    __device__ static void load(inputs& in, const task& t, int it, const globals& g, kt::semaphore& sem) {
+        const int ab = g.a_batched ? t.batch : 0, bb = g.b_batched ? t.batch : 0;
+        kt::tma::load_async(in.a, &g.a_map, A_T ? kt::coord{ab, 0, it, t.m_tile} : kt::coord{ab, 0, t.m_tile, it}, sem);
+        kt::tma::load_async(in.b, &g.b_map, B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile}, sem);
+    }
+
+    __device__ static void setup(registers&, const task&) {}  // the first k-step overwrites acc
+
+    __device__ static void compute(registers& r, inputs& in, const task&, int it, int consumer) {
+        const bool accumulate = it > 0;
+        kt::wgmma::fence();
+        if constexpr (A_T) {
+            const auto a = kt::subtile<BK, 64>(in.a, 0, consumer);
+            if constexpr (B_T) kt::wgmma::mma_AtBt(r.acc, a, in.b, accumulate);
+            else kt::wgmma::mma_AtB(r.acc, a, in.b, accumulate);
+        } else {
+            const auto a = kt::subtile<64, BK>(in.a, consumer, 0);
+            if constexpr (B_T) kt::wgmma::mma_ABt(r.acc, a, in.b, accumulate);
+            else kt::wgmma::mma_AB(r.acc, a, in.b, accumulate);
+        }
+        kt::wgmma::commit();
+        kt::wgmma::wait<LAG>();  // with LAG 1 the previous stage's reads are now done
+    }
+    __device__ static void drain(registers&, int) { kt::wgmma::wait<0>(); }
+
+    __device__ static void finish(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
+        if constexpr (C_TMA) {
+            const int row_tile = t.m_tile * (BM / 64) + consumer;  // in 64-row units
+            const int barrier = 1 + consumer;                      // named barrier of this warpgroup
+            const bool issuer = kt::warpgroup::thread() == 0;
+#pragma unroll
+            for (int q = 0; q < BN / EPILOGUE_COLS; q++) {
+                c_tile& buffer = out.c[consumer][q % 2];
+                if (issuer) kt::tma::store_wait_read<1>();  // the store that last used this buffer has read it
+                kt::warpgroup::sync(barrier);
+                kt::rt<T, 16, EPILOGUE_COLS> part;
+                kt::slice_cols(part, r.acc, q * EPILOGUE_COLS);
+                kt::store(kt::subtile<16, EPILOGUE_COLS>(buffer, kt::warpgroup::warp(), 0), part);
+                kt::fence_async_proxy();
+                kt::warpgroup::sync(barrier);
+                if (issuer) {
+                    kt::tma::store_async(&g.c_map, buffer,
+                                         kt::coord{t.batch, 0, row_tile, t.n_tile * (BN / EPILOGUE_COLS) + q});
+                    kt::tma::store_commit();
+                }
+            }
+        } else {
+            kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * BM + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
+        }
+    }
+    __device__ static void cleanup(outputs&, int) {
+        if constexpr (C_TMA)
+            if (kt::warpgroup::thread() == 0) kt::tma::store_wait<0>();
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Host: tensor maps (cached), launch.
+// ---------------------------------------------------------------------------------------
+
+// Everything a tensor map encodes. Encoding goes through the driver (microseconds), and
+// training loops call matmul with the same tensors' shapes over and over; a map depends
+// only on these values, so reusing one for a recycled address is still exact.
+struct MapKey {
+    const void* data;
+    int64_t rows, cols, batch, row_stride, batch_stride;
+    int box_rows, box_cols, element_bytes;
+    bool operator==(const MapKey&) const = default;
+};
+struct MapKeyHash {
+    size_t operator()(const MapKey& k) const {
+        size_t h = std::hash<const void*>()(k.data);
+        for (int64_t v : {k.rows, k.cols, k.batch, k.row_stride, k.batch_stride, int64_t(k.box_rows),
+                          int64_t(k.box_cols), int64_t(k.element_bytes)})
+            h = h * 1000003u ^ std::hash<int64_t>()(v);
+        return h;
+    }
+};
+
+template <typename ST, typename T>
+CUresult cached_tensor_map(CUtensorMap* out, const kt::gl<T>& g) {
+    static std::mutex mutex;
+    static std::unordered_map<MapKey, CUtensorMap, MapKeyHash> cache;
+    constexpr size_t kMaxEntries = 4096;  // bounded: a long-running process sees many addresses
+    const MapKey key{g.raw, g.rows(), g.cols(), g.batch(), g.row_stride, g.batch_stride,
+                     ST::rows, ST::panel_cols, int(sizeof(T))};
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto found = cache.find(key); found != cache.end()) {
+        *out = found->second;
+        return CUDA_SUCCESS;
+    }
+    const CUresult r = kt::tma::make_tensor_map<ST>(out, g);
+    if (r == CUDA_SUCCESS) {
+        if (cache.size() >= kMaxEntries) cache.clear();
+        cache.emplace(key, *out);
+    }
+    return r;
+}
+
+// An operand as the row-major matrix TMA reads: itself, or its transpose when it is
+// column-major.
+template <typename T>
+kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
+    const int r = op.transposed ? cols : rows, c = op.transposed ? rows : cols;
+    return kt::gl<T>(static_cast<T*>(const_cast<void*>(op.data)), op.batch, 1, r, c, op.batch_stride,
+                     int64_t(r) * op.leading_stride, op.leading_stride);
+}
+
+int multiprocessors() {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 0;
+    return sms;
+}
+
+template <typename T, bool A_T, bool B_T, bool C_TMA, int LAG = 1>
+cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
+    using L = Layout<T, A_T, B_T, C_TMA, LAG>;
+    const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
+    const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
+    CUtensorMap a_map, b_map, c_map{};
+    if (cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
+        cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    if constexpr (C_TMA)
+        if (cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.m, p.n, p.k,
+                                kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1};
+
+    const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    const int sms = multiprocessors();
+    if (sms == 0) return cudaErrorInvalidDevice;
+    constexpr int smem = kt::pipeline::shared_bytes<L>();
+    auto kernel = kt::pipeline::kernel<L>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    const int blocks = int(tasks < sms ? tasks : sms);
+    kernel<<<blocks, kt::pipeline::threads<L>(), smem, stream>>>(g);
+    return cudaGetLastError();
+}
+
+// The instantiations: one row per (element type, A column-major, B column-major, C rows
+// addressable by TMA).
+struct Entry {
+    ElementType dtype;
+    bool a_transposed, b_transposed, c_tma;
+    cudaError_t (*run)(const MatmulParams&, cudaStream_t);
+};
+template <typename T, ElementType E>
+constexpr Entry entries[] = {
+    {E, false, false, true, launch<T, false, false, true>},  {E, false, true, true, launch<T, false, true, true>},
+    {E, true, false, true, launch<T, true, false, true>},    {E, true, true, true, launch<T, true, true, true>},
+    {E, false, false, false, launch<T, false, false, false>}, {E, false, true, false, launch<T, false, true, false>},
+    {E, true, false, false, launch<T, true, false, false>},   {E, true, true, false, launch<T, true, true, false>},
+};
+
+// Development switch for measuring design alternatives in one build (not a user knob):
+// TK_MATMUL_DEV_VARIANT=lag0 waits for every wgmma group (bf16, row-major A and B only),
+// =regstore stores C from registers even where TMA could.
+const char* dev_variant() {
+    static const char* v = std::getenv("TK_MATMUL_DEV_VARIANT");
+    return v ? v : "";
+}
+
+}  // namespace
+
+cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
+    bool c_tma = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
+    if (std::strcmp(dev_variant(), "regstore") == 0) c_tma = false;
+    if (std::strcmp(dev_variant(), "lag0") == 0 && p.dtype == ElementType::bf16 && !p.a.transposed &&
+        !p.b.transposed && c_tma)
+        return launch<kt::bf16, false, false, true, 0>(p, stream);
+    auto matches = [&](const Entry& e) {
+        return e.dtype == p.dtype && e.a_transposed == p.a.transposed && e.b_transposed == p.b.transposed &&
+               e.c_tma == c_tma;
+    };
+    for (const Entry& e : entries<kt::bf16, ElementType::bf16>)
+        if (matches(e)) return e.run(p, stream);
+    for (const Entry& e : entries<kt::half, ElementType::fp16>)
+        if (matches(e)) return e.run(p, stream);
+    return cudaErrorInvalidValue;  // the op layer only passes supported combinations
+}
+
+}  // namespace tk::matmul
