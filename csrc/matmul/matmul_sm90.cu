@@ -18,8 +18,6 @@
 //   with bounds checks instead.
 #include <cuda.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -37,9 +35,9 @@ constexpr int BM = 128, BN = 256, BK = 64;
 constexpr int STAGES = 4;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 
-template <typename T, bool A_T, bool B_T, bool C_TMA, int LAG = 1>
+template <typename T, bool A_T, bool B_T, bool C_TMA>
 struct Layout {
-    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = LAG;
+    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
@@ -103,7 +101,7 @@ struct Layout {
             else kt::wgmma::mma_AB(r.acc, a, in.b, accumulate);
         }
         kt::wgmma::commit();
-        kt::wgmma::wait<LAG>();  // with LAG 1 the previous stage's reads are now done
+        kt::wgmma::wait<1>();  // the previous stage's reads are now done
     }
     __device__ static void drain(registers&, int) { kt::wgmma::wait<0>(); }
 
@@ -198,9 +196,9 @@ int multiprocessors() {
     return sms;
 }
 
-template <typename T, bool A_T, bool B_T, bool C_TMA, int LAG = 1>
+template <typename T, bool A_T, bool B_T, bool C_TMA>
 cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
-    using L = Layout<T, A_T, B_T, C_TMA, LAG>;
+    using L = Layout<T, A_T, B_T, C_TMA>;
     const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
     const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
     CUtensorMap a_map, b_map, c_map{};
@@ -239,22 +237,10 @@ constexpr Entry entries[] = {
     {E, true, false, false, launch<T, true, false, false>},   {E, true, true, false, launch<T, true, true, false>},
 };
 
-// Development switch for measuring design alternatives in one build (not a user knob):
-// TK_MATMUL_DEV_VARIANT=lag0 waits for every wgmma group (bf16, row-major A and B only),
-// =regstore stores C from registers even where TMA could.
-const char* dev_variant() {
-    static const char* v = std::getenv("TK_MATMUL_DEV_VARIANT");
-    return v ? v : "";
-}
-
 }  // namespace
 
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
-    bool c_tma = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
-    if (std::strcmp(dev_variant(), "regstore") == 0) c_tma = false;
-    if (std::strcmp(dev_variant(), "lag0") == 0 && p.dtype == ElementType::bf16 && !p.a.transposed &&
-        !p.b.transposed && c_tma)
-        return launch<kt::bf16, false, false, true, 0>(p, stream);
+    const bool c_tma = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
     auto matches = [&](const Entry& e) {
         return e.dtype == p.dtype && e.a_transposed == p.a.transposed && e.b_transposed == p.b.transposed &&
                e.c_tma == c_tma;
