@@ -62,3 +62,56 @@ def cpu_kernel(monkeypatch):
     finally:
         library._destroy()
         torch._dynamo.reset()
+
+
+class MatmulStandIn:
+    """A CPU stand-in for the tk::matmul kernel, as AttentionStandIn is for attention.
+
+    Registered as the CPU implementation of tk::matmul while the ``cpu_matmul`` fixture is
+    active, with the path choice told that the CPU is an sm_90 GPU and the build has the matmul
+    family and sm_90a code. It enforces the op's contract (3-D operands, batches equal or 1,
+    TMA-readable layouts) and records each call's operands, so tests can check the views,
+    layouts and copies the kernel would get.
+    """
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        self._monkeypatch = monkeypatch
+
+    def set_capability(self, capability):
+        from thunderkittens._matmul import plan
+        self._monkeypatch.setattr(
+            plan, "device_capability",
+            torch.compiler.assume_constant_result(lambda index: capability))
+
+    def __call__(self, a, b):
+        from reference import tma_layout
+        assert a.dim() == 3 and b.dim() == 3, (a.shape, b.shape)
+        assert a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+        assert a.shape[2] == b.shape[1] and min(a.shape + b.shape) >= 1
+        batch = max(a.shape[0], b.shape[0])
+        assert a.shape[0] in (1, batch) and b.shape[0] in (1, batch)
+        layouts = tma_layout(a), tma_layout(b)
+        if None in layouts:
+            raise RuntimeError(f"tk::matmul stand-in: operand not TMA-readable: a {a.shape} "
+                               f"{a.stride()}, b {b.shape} {b.stride()}")
+        self.calls.append({"a": a, "b": b, "layouts": layouts})
+        return torch.matmul(a.double(), b.double()).to(a.dtype)
+
+
+@pytest.fixture
+def cpu_matmul(monkeypatch):
+    from thunderkittens import _extension
+    from thunderkittens._matmul import plan
+    standin = MatmulStandIn(monkeypatch)
+    library = torch.library.Library("tk", "IMPL")
+    library.impl("matmul", standin, "CPU")
+    monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(plan, "BUILT_OPS", plan.BUILT_OPS | {"matmul"})
+    monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((9, 0, "a", False),))
+    standin.set_capability((9, 0))
+    try:
+        yield standin
+    finally:
+        library._destroy()
+        torch._dynamo.reset()

@@ -1,4 +1,5 @@
-"""Float64 reference attention, shared by the CPU and GPU tests."""
+"""References shared by the CPU and GPU tests: float64 attention, and the C++ tk::matmul's
+operand rule."""
 
 import torch
 
@@ -20,3 +21,19 @@ def reference_attention(q, k, v, is_causal, scale):
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1) @ v64
     return out, lse
+
+
+def tma_layout(t):
+    """The C++ tk::matmul's operand rule (csrc/matmul/matmul_ops.cpp), restated on its own so
+    tests can hold the Python path choice to it: "row", "col" or None for a 3-D tensor.
+    Strides of size-1 dims do not matter; the other strides must be multiples of 8 elements
+    (16 bytes) except the contiguous one; the data must be 16-byte aligned."""
+    def aligned(dim):
+        return t.shape[dim] == 1 or t.stride(dim) % 8 == 0
+    if not aligned(0) or t.data_ptr() % 16 != 0:
+        return None
+    if (t.shape[2] == 1 or t.stride(2) == 1) and aligned(1):
+        return "row"
+    if (t.shape[1] == 1 or t.stride(1) == 1) and aligned(2):
+        return "col"
+    return None

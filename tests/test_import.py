@@ -19,11 +19,17 @@ def test_ops_are_registered():
     schema = str(torch.ops.tk.attention_fwd.default._schema)
     assert schema == ("tk::attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, "
                       "float scale) -> (Tensor out, Tensor lse)")
+    assert str(torch.ops.tk.matmul.default._schema) == "tk::matmul(Tensor a, Tensor b) -> Tensor"
+
+
+def test_public_functions():
+    assert tk.matmul.__module__ == "thunderkittens._matmul.api"
+    assert {"matmul", "explain_matmul", "MatmulPlan"} <= set(tk.__all__)
 
 
 def test_build_facts():
     assert tk.BUILT_ARCHS, "the extension reports no CUDA targets"
-    assert tk.BUILT_OPS <= {"attention"}
+    assert tk.BUILT_OPS <= {"attention", "matmul"}
     summary = tk.build_summary()
     assert ",".join(tk.BUILT_ARCHS) in summary and torch.__version__ in summary
 

@@ -86,6 +86,17 @@ def has_kernel_image_for(capability: tuple[int, int]) -> bool:
     return False
 
 
+def has_arch_specific_code_for(capability: tuple[int, int]) -> bool:
+    """Whether the build holds arch-specific machine code (sm_XYa) for exactly this GPU.
+
+    Kernels that use wgmma, TMA multicast or setmaxnreg (the Hopper kernels) exist only in such
+    code: a plain sm_90 target or PTX cannot express those instructions, so
+    has_kernel_image_for() is not enough for them.
+    """
+    return any(suffix == "a" and (major, minor) == capability
+               for major, minor, suffix, _ptx in _TARGETS)
+
+
 def build_summary() -> str:
     return (f"thunderkittens._C: CUDA targets {','.join(BUILT_ARCHS)}; op families "
             f"{','.join(sorted(BUILT_OPS)) or '(none)'}; built against torch {_C.torch_version} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import _config
+from .._device import device_capability
 from .._extension import BUILT_OPS
 from .families import BY_NAME, FAMILIES, KernelFamily
 
@@ -18,12 +19,6 @@ from .families import BY_NAME, FAMILIES, KernelFamily
 KERNEL_DEVICE_TYPE = "cuda"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 KERNEL_HEAD_DIMS = (64, 128)
-
-
-@torch.compiler.assume_constant_result
-def device_capability(index: int) -> tuple[int, int]:
-    # A trace-time constant under torch.compile (the device is already guarded on).
-    return torch.cuda.get_device_capability(index)
 
 
 def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None) -> str | None:
