@@ -1,9 +1,10 @@
-"""python -m benchmarks [--ops attention] [--quick] [--json PATH] [--kernel sm80]
+"""python -m benchmarks [--ops attention,matmul] [--quick] [--json PATH] [--kernel sm80]
 
 Runs each op against its peers in the same process and prints one table per op (TFLOP/s, and
-our ratio to FlashAttention-2 and to the best peer); --json also writes every measurement.
-Our kernels run in strict mode with the chosen kernel family, so a silent fallback to PyTorch
-can never be timed as ours: it shows as '-' with the reason in the log and the JSON.
+our ratio to the reference peer (FlashAttention-2 for attention, cuBLAS for matmul) and to the
+best peer); --json also writes every measurement. Our kernels run in strict mode (attention
+with the chosen kernel family; --kernel applies to attention only), so a silent fallback to
+PyTorch can never be timed as ours: it shows as '-' with the reason in the log and the JSON.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import time
 
 import torch
 
-from . import attention
+from . import attention, matmul
 from .report import format_table, write_json
 
-OPS = {"attention": attention}
+OPS = {"attention": attention, "matmul": matmul}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -28,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a few configs, fewer repetitions")
     parser.add_argument("--json", metavar="PATH", help="also write all results to this JSON file")
     parser.add_argument("--kernel", default="auto",
-                        help="kernel family forced for our ops: auto (default) or e.g. sm80")
+                        help="kernel family forced for attention: auto (default) or e.g. sm80")
     args = parser.parse_args(argv)
     args.ops = [name.strip() for name in args.ops.split(",") if name.strip()]
     unknown = [name for name in args.ops if name not in OPS]
