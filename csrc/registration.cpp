@@ -18,6 +18,9 @@ TORCH_LIBRARY(tk, m) {
     // log-sum-exp of the scaled scores, which the backward pass will need.
     m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
           "-> (Tensor out, Tensor lse)");
+    // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel.
+    m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
+          "-> (Tensor out, Tensor lse)");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -50,6 +53,7 @@ at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_b
 #ifndef TK_HAS_ATTENTION
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd", &attention_fwd_not_built);
+    m.impl("attention_fwd_sm90", &attention_fwd_not_built);
 }
 #endif
 #ifndef TK_HAS_MATMUL

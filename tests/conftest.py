@@ -25,8 +25,9 @@ def clean_tk_environment(monkeypatch):
 class AttentionStandIn:
     """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
 
-    Registered as the CPU implementation of tk::attention_fwd while the ``cpu_kernel`` fixture
-    is active, with the path choice told that the CPU is a capable GPU. Everything else is the
+    Registered as the CPU implementation of tk::attention_fwd and tk::attention_fwd_sm90 (the
+    two kernel families' ops) while the ``cpu_kernel`` fixture is active, with the path choice
+    told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80). Everything else is the
     real code: argument checks, path choice, operand preparation, the op schema, the fake
     implementation and torch.compile tracing. Calls are recorded so tests can check what the
     kernel would have been given (layouts, head counts, copies).
@@ -55,6 +56,7 @@ def cpu_kernel(monkeypatch):
     standin = AttentionStandIn(monkeypatch)
     library = torch.library.Library("tk", "IMPL")
     library.impl("attention_fwd", standin, "CPU")
+    library.impl("attention_fwd_sm90", standin, "CPU")
     monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
     standin.set_capability((9, 0))
     try:

@@ -157,9 +157,22 @@ def reason_of(*args, **kwargs):
 def test_kernel_path_when_everything_is_supported(cpu_kernel):
     assert str(tk.explain(bf16(2, 8, 16, 128), bf16(2, 2, 16, 128), bf16(2, 2, 16, 128),
                           is_causal=True, enable_gqa=True)) == \
-        "kernel tk.attention_fwd [sm80 mma.sync] bf16 d=128 causal gqa=4"
+        "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] bf16 d=128 causal gqa=4"
     half = torch.randn(2, 4, 16, 64, dtype=torch.float16)
-    assert str(tk.explain(half, half, half)) == "kernel tk.attention_fwd [sm80 mma.sync] fp16 d=64 full"
+    assert str(tk.explain(half, half, half)) == "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] fp16 d=64 full"
+    with tk.use_kernel("sm80"):
+        assert str(tk.explain(half, half, half)) == "kernel tk.attention_fwd [sm80 mma.sync] fp16 d=64 full"
+
+
+def test_sm90_family_needs_exactly_sm90(cpu_kernel, monkeypatch):
+    from thunderkittens._attention import families
+    monkeypatch.setattr(families, "has_kernel_image_for", lambda capability: True)  # any build
+    half = torch.randn(2, 4, 16, 64, dtype=torch.float16)
+    cpu_kernel.set_capability((8, 9))
+    assert str(tk.explain(half, half, half)).startswith("kernel tk.attention_fwd [sm80 mma.sync]")
+    with tk.use_kernel("sm90"):
+        assert ("kernel sm90 was forced but the sm90 kernels need an sm_90 GPU, this one is sm_89"
+                in str(tk.explain(half, half, half)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -220,8 +233,9 @@ def test_reason_op_family_not_built(cpu_kernel, monkeypatch):
 def test_reason_old_gpu(cpu_kernel):
     cpu_kernel.set_capability((7, 5))
     q = bf16(2, 4, 16, 64)
-    assert reason_of(q, q, q) == \
-        "fallback torch SDPA: the sm80 kernels need sm_80 or newer, this GPU is sm_75"
+    assert reason_of(q, q, q) == (
+        "fallback torch SDPA: the sm90 kernels need an sm_90 GPU, this one is sm_75; "
+        "the sm80 kernels need sm_80 or newer, this GPU is sm_75")
     with tk.use_kernel("sm80"):
         assert "kernel sm80 was forced but the sm80 kernels need sm_80 or newer" in reason_of(q, q, q)
 

@@ -39,6 +39,21 @@ def kernel_must_run_here():
         pytest.skip(f"kernel unavailable on this GPU: {plan.reason}")
 
 
+# The kernel families and the op each one runs; tests that call an op directly run per family.
+KERNEL_OPS = {"sm80": torch.ops.tk.attention_fwd, "sm90": torch.ops.tk.attention_fwd_sm90}
+
+
+@pytest.fixture(params=sorted(KERNEL_OPS))
+def kernel(request):
+    """A kernel family that runs on this GPU (sm90 needs an sm_90 GPU and a 90a build)."""
+    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    with tk.use_kernel(request.param):
+        plan = tk.explain(q, q, q)
+    if not plan.uses_kernel:
+        pytest.skip(f"{request.param} kernel unavailable here: {plan.reason}")
+    return request.param
+
+
 def seeded(*key):
     torch.manual_seed(zlib.crc32(repr(key).encode()))
 
@@ -53,7 +68,7 @@ def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype, device="c
             randn((batch, heads_kv, len_kv, head_dim), dtype, device))
 
 
-def call_op_on_poisoned_memory(q, k, v, causal, scale):
+def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80"):
     """Call the op so that its outputs land in memory that was just filled with NaN.
 
     The caching allocator hands a freed block back to the next request of the same size on the
@@ -68,7 +83,7 @@ def call_op_on_poisoned_memory(q, k, v, causal, scale):
                             device=q.device)
     addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
     del poison_out, poison_lse
-    out, lse = torch.ops.tk.attention_fwd(q, k, v, causal, scale)
+    out, lse = KERNEL_OPS[kernel](q, k, v, causal, scale)
     assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
     return out, lse
 
@@ -129,19 +144,19 @@ def _case_id(case):
 
 
 @pytest.mark.parametrize("case", _cases(), ids=_case_id)
-def test_forward_matches_reference(case):
+def test_forward_matches_reference(case, kernel):
     len_q, len_kv, dtype, head_dim, causal, ratio = case
     seeded(case)
     batch, heads_kv = 2, 2
     q, k, v = make_qkv(batch, heads_kv * ratio, heads_kv, len_q, len_kv, head_dim, dtype)
     scale = 1.0 / math.sqrt(head_dim)
 
-    out, lse = call_op_on_poisoned_memory(q, k, v, causal, scale)
+    out, lse = call_op_on_poisoned_memory(q, k, v, causal, scale, kernel)
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert_close_to_reference(out, q, k, v, causal, scale, lse)
 
-    with tk.use_kernel("sm80"), tk.strict():
+    with tk.use_kernel(kernel), tk.strict():
         public = tk.attention(q, k, v, is_causal=causal, enable_gqa=ratio > 1)
     assert torch.equal(public, out), "tk.attention differs from the op it calls"
 
@@ -153,10 +168,13 @@ def test_auto_picks_a_kernel_and_matches_forced(dtype):
     plan = tk.explain(q, k, v, is_causal=True, enable_gqa=True)
     assert plan.uses_kernel, plan.reason
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
-    assert str(plan) == f"kernel tk.attention_fwd [sm80 mma.sync] {name} d=128 causal gqa=4"
+    hopper = torch.cuda.get_device_capability() == (9, 0) and "90a" in tk.BUILT_ARCHS
+    family = "sm90" if hopper else "sm80"
+    description = {"sm90": "tk.attention_fwd_sm90 [sm90 wgmma+tma]", "sm80": "tk.attention_fwd [sm80 mma.sync]"}
+    assert str(plan) == f"kernel {description[family]} {name} d=128 causal gqa=4"
     with tk.strict():
         auto = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
-    with tk.use_kernel("sm80"), tk.strict():
+    with tk.use_kernel(family), tk.strict():
         forced = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
     assert torch.equal(auto, forced)
     assert_close_to_reference(auto, q, k, v, True, 1 / math.sqrt(128))
@@ -228,11 +246,11 @@ def test_misaligned_input_is_copied():
     ((70000, 1, 16, 64), (70000, 1, 16, 64), True),
     ((1, 70000, 16, 64), (1, 7000, 16, 64), True),
 ])
-def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal):
+def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal, kernel):
     seeded("large-bh", shape_q, shape_kv, causal)
     q = randn(shape_q, torch.bfloat16)
     k, v = randn(shape_kv, torch.bfloat16), randn(shape_kv, torch.bfloat16)
-    out, lse = call_op_on_poisoned_memory(q, k, v, causal, 0.125)
+    out, lse = call_op_on_poisoned_memory(q, k, v, causal, 0.125, kernel)
     assert_close_to_reference(out, q, k, v, causal, 0.125, lse)
 
 
@@ -257,14 +275,16 @@ def test_rank3_and_rank5_inputs():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_second_device():
+def test_second_device(kernel):
     seeded("device1")
     with torch.cuda.device(0):
         q, k, v = make_qkv(2, 8, 2, 333, 333, 128, torch.bfloat16, device="cuda:1")
         with tk.strict():
             out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
         assert out.device == torch.device("cuda:1")
-        out2, lse = torch.ops.tk.attention_fwd(q, k, v, True, 1 / math.sqrt(128))
+        with tk.use_kernel(kernel), tk.strict():
+            out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+        out2, lse = KERNEL_OPS[kernel](q, k, v, True, 1 / math.sqrt(128))
     torch.cuda.synchronize(1)
     assert torch.equal(out, out2)
     assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(128), lse)
@@ -326,12 +346,13 @@ def test_torch_compile_fullgraph_matches_eager():
     ((2, 8, 129, 64), (2, 2, 77, 64)),
     ((1, 4, 1, 128), (1, 4, 300, 128)),
 ])
-def test_opcheck(shapes):
+def test_opcheck(shapes, kernel):
     seeded("opcheck", shapes)
     q = randn(shapes[0], torch.bfloat16)
     k, v = randn(shapes[1], torch.bfloat16), randn(shapes[1], torch.bfloat16)
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, v, True, 0.125))
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default,
+    op = KERNEL_OPS[kernel].default
+    torch.library.opcheck(op, (q, k, v, True, 0.125))
+    torch.library.opcheck(op,
                           (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, 0.3))
 
 

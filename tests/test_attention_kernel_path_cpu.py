@@ -127,7 +127,7 @@ def test_compile_fullgraph_matches_eager(cpu_kernel):
     assert counter.frame_count == 1
     targets = [str(node.target) for node in counter.graphs[0].graph.nodes
                if node.op == "call_function"]
-    assert targets.count("tk.attention_fwd.default") == 1  # the path decision left no trace
+    assert targets.count("tk.attention_fwd_sm90.default") == 1  # the path decision left no trace
 
 
 def test_compile_fallback_path_matches_eager(cpu_kernel):

@@ -17,15 +17,15 @@ def test_env_var(monkeypatch, value, expected):
     assert tk.kernel_choice("attention") == expected
 
 
-@pytest.mark.parametrize("value", ["sm90", "fast", "sm_80", "1"])
+@pytest.mark.parametrize("value", ["sm100", "fast", "sm_80", "1"])
 def test_env_var_bad_value(monkeypatch, value):
     monkeypatch.setenv("TK_ATTENTION_KERNEL", value)
-    with pytest.raises(ValueError, match=r"TK_ATTENTION_KERNEL: kernel must be one of \['auto', 'sm80'\]"):
+    with pytest.raises(ValueError, match=r"TK_ATTENTION_KERNEL: kernel must be one of \['auto', 'sm90', 'sm80'\]"):
         tk.kernel_choice("attention")
 
 
 def test_env_var_bad_value_reaches_the_caller(monkeypatch, cpu_kernel):
-    monkeypatch.setenv("TK_ATTENTION_KERNEL", "sm90")
+    monkeypatch.setenv("TK_ATTENTION_KERNEL", "sm100")
     q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="TK_ATTENTION_KERNEL"):
         tk.attention(q, q, q)
@@ -48,9 +48,9 @@ def test_context_manager_restores_after_exception():
     assert tk.kernel_choice("attention") == "auto"
 
 
-@pytest.mark.parametrize("value", ["sm90", "", None, 80])
+@pytest.mark.parametrize("value", ["sm100", "", None, 80])
 def test_context_manager_bad_value(value):
-    with pytest.raises(ValueError, match=r"use_kernel: kernel must be one of \['auto', 'sm80'\]"):
+    with pytest.raises(ValueError, match=r"use_kernel: kernel must be one of \['auto', 'sm90', 'sm80'\]"):
         with tk.use_kernel(value):
             pass
 

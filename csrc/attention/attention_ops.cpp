@@ -73,9 +73,10 @@ ElementType element_type(const at::Tensor& q) {
     }
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                      const at::Tensor& v, bool is_causal,
-                                                      double scale) {
+using Launcher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 bool is_causal, double scale, Launcher launch) {
     TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
     check_operand(q, "q", q);
     check_operand(k, "k", q);
@@ -100,6 +101,11 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
     TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
+    if (launch == &forward_sm90) {
+        const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+        TORCH_CHECK(props->major == 9 && props->minor == 0, kOp, "the sm90 kernel needs an sm_90 (Hopper) GPU, ",
+                    q.device(), " is sm_", props->major, props->minor, "; use tk.attention_fwd (sm80) there");
+    }
     at::Tensor out = at::empty({batch, heads_q, len_q, head_dim}, q.options());
     at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
 
@@ -126,14 +132,24 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
     params.dtype = dtype;
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    const cudaError_t status = forward_sm80(params, stream);
+    const cudaError_t status = launch(params, stream);
     TORCH_CHECK(status == cudaSuccess, kOp, "kernel launch failed: ", cudaGetErrorString(status));
     return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, bool is_causal, double scale) {
+    return attention_fwd(q, k, v, is_causal, scale, &forward_sm80);
+}
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, bool is_causal, double scale) {
+    return attention_fwd(q, k, v, is_causal, scale, &forward_sm90);
 }
 
 }  // namespace
 }  // namespace tk::attention
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
-    m.impl("attention_fwd", &tk::attention::attention_fwd_cuda);
+    m.impl("attention_fwd", &tk::attention::attention_fwd_sm80_cuda);
+    m.impl("attention_fwd_sm90", &tk::attention::attention_fwd_sm90_cuda);
 }

@@ -34,4 +34,7 @@ struct ForwardParams {
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
 
+// TMA + wgmma + warp-specialised kernel (sm_90a only).
+cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream);
+
 }  // namespace tk::attention

@@ -18,12 +18,11 @@
 //   with bounds checks instead.
 #include <cuda.h>
 
-#include <mutex>
 #include <type_traits>
-#include <unordered_map>
 
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
+#include "kittens/hopper/tma_cache.cuh"
 #include "matmul/matmul_params.h"
 
 namespace tk::matmul {
@@ -137,47 +136,8 @@ struct Layout {
 };
 
 // ---------------------------------------------------------------------------------------
-// Host: tensor maps (cached), launch.
+// Host: tensor maps (cached: kittens/hopper/tma_cache.cuh), launch.
 // ---------------------------------------------------------------------------------------
-
-// Everything a tensor map encodes. Encoding goes through the driver (microseconds), and
-// training loops call matmul with the same tensors' shapes over and over; a map depends
-// only on these values, so reusing one for a recycled address is still exact.
-struct MapKey {
-    const void* data;
-    int64_t rows, cols, batch, row_stride, batch_stride;
-    int box_rows, box_cols, element_bytes;
-    bool operator==(const MapKey&) const = default;
-};
-struct MapKeyHash {
-    size_t operator()(const MapKey& k) const {
-        size_t h = std::hash<const void*>()(k.data);
-        for (int64_t v : {k.rows, k.cols, k.batch, k.row_stride, k.batch_stride, int64_t(k.box_rows),
-                          int64_t(k.box_cols), int64_t(k.element_bytes)})
-            h = h * 1000003u ^ std::hash<int64_t>()(v);
-        return h;
-    }
-};
-
-template <typename ST, typename T>
-CUresult cached_tensor_map(CUtensorMap* out, const kt::gl<T>& g) {
-    static std::mutex mutex;
-    static std::unordered_map<MapKey, CUtensorMap, MapKeyHash> cache;
-    constexpr size_t kMaxEntries = 4096;  // bounded: a long-running process sees many addresses
-    const MapKey key{g.raw, g.rows(), g.cols(), g.batch(), g.row_stride, g.batch_stride,
-                     ST::rows, ST::panel_cols, int(sizeof(T))};
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = cache.find(key); found != cache.end()) {
-        *out = found->second;
-        return CUDA_SUCCESS;
-    }
-    const CUresult r = kt::tma::make_tensor_map<ST>(out, g);
-    if (r == CUDA_SUCCESS) {
-        if (cache.size() >= kMaxEntries) cache.clear();
-        cache.emplace(key, *out);
-    }
-    return r;
-}
 
 // An operand as the row-major matrix TMA reads: itself, or its transpose when it is
 // column-major.
@@ -202,11 +162,11 @@ cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
     const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
     const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
     CUtensorMap a_map, b_map, c_map{};
-    if (cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
-        cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
+    if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     if constexpr (C_TMA)
-        if (cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+        if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.m, p.n, p.k,
                                 kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1};
 

@@ -150,6 +150,23 @@ template <int N> __device__ __forceinline__ void wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
+// Tells the compiler that wgmma may have changed (or may still read) these registers: call on
+// an accumulator after wait<N>() before reading it, and on a register A operand after the
+// wait that ends its last read, so that neither a stale copy of the registers nor a reuse of
+// them slips across the wait. (An mma's asm statement shows the compiler the registers only
+// at issue time.)
+template <register_tile RT>
+__device__ __forceinline__ void fence_operand(RT& t) {
+    for_each_pair(t, [](int, int, int, auto& pair) {
+        static_assert(sizeof(pair) == 4 || sizeof(pair) == 8, "fence_operand: packed pairs of 16- or 32-bit");
+        if constexpr (sizeof(pair) == 8) {
+            asm volatile("" : "+f"(pair.x), "+f"(pair.y)::"memory");
+        } else {
+            asm volatile("" : "+r"(*reinterpret_cast<uint32_t*>(&pair))::"memory");
+        }
+    });
+}
+
 // In all forms d is this warp's 16 rows (rt_fl<16, N>) of the warpgroup's 64 x N
 // result, `accumulate` adds to d instead of overwriting it, all four warps of a
 // warpgroup issue the call, and it is asynchronous until commit() + wait<0>().

@@ -25,7 +25,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 # Kernel families each op knows, besides "auto". Kept here (not imported from the op packages)
 # so that this module has no dependencies; each op's family table must use these names.
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
-    "attention": ("sm80",),
+    "attention": ("sm90", "sm80"),
 }
 
 _strict_stack: list[bool] = []

@@ -31,6 +31,16 @@ struct group {
         else asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(threads) : "memory");
     }
 
+    // Barrier `id` shared with other groups: a barrier of THREADS threads in all, which this
+    // group either waits on (sync_with) or only signals (arrive_at) without waiting. Two
+    // groups that take turns use it: each waits on its own barrier and signals the other's.
+    template <int THREADS> __device__ static void sync_with(int id) {
+        asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+    }
+    template <int THREADS> __device__ static void arrive_at(int id) {
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(THREADS) : "memory");
+    }
+
     // Visit the tile's 16-byte chunks, spread over the group's threads so that
     // consecutive threads touch consecutive chunks of a row (coalesced).
     // f(row, col, global_pointer, valid_elements): valid_elements < 16 bytes' worth

@@ -1,4 +1,4 @@
-"""Fake (meta) implementation of tk::attention_fwd: output shapes, dtypes and strides without
+"""Fake (meta) implementation of tk::attention_fwd and tk::attention_fwd_sm90 (same contract): output shapes, dtypes and strides without
 running anything, for torch.compile, torch.export, FakeTensorMode and opcheck. It mirrors the
 C++ op: out is a new contiguous (B, Hq, Lq, D) tensor in q's dtype, lse a new contiguous
 (B, Hq, Lq) float32 tensor."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 
-@torch.library.register_fake("tk::attention_fwd")
 def attention_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
@@ -24,3 +23,7 @@ def attention_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
     out = q.new_empty((batch, heads_q, len_q, head_dim))
     lse = q.new_empty((batch, heads_q, len_q), dtype=torch.float32)
     return out, lse
+
+
+for _op in ("tk::attention_fwd", "tk::attention_fwd_sm90"):
+    torch.library.register_fake(_op)(attention_fwd_fake)

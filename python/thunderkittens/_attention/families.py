@@ -1,10 +1,9 @@
 """The attention kernel families, in the order ``auto`` prefers them.
 
-A family is one kernel implementation strategy with its own hardware needs. Today there is one:
-``sm80``, the mma.sync + cp.async kernel, which runs on every GPU from sm_80 on (Hopper too).
-A Hopper family (``sm90``: TMA + wgmma, needs exactly sm_90 and a 90a build) slots in by adding
-an entry *before* sm80 here and its name in ``_config.KNOWN_KERNELS``; ``auto`` then picks it on
-Hopper and keeps sm80 everywhere else.
+A family is one kernel implementation strategy with its own hardware needs:
+``sm90``, the TMA + wgmma + warp-specialised kernel, needs exactly sm_90 (Hopper) and a 90a
+build; ``sm80``, the mma.sync + cp.async kernel, runs on every GPU from sm_80 on (Hopper too,
+when forced with ``use_kernel("sm80")``). ``auto`` picks the first that can run.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._config import KNOWN_KERNELS
-from .._extension import BUILT_ARCHS, has_kernel_image_for
+from .._extension import BUILT_ARCHS, has_arch_specific_code_for, has_kernel_image_for
 
 
 @dataclass(frozen=True)
@@ -32,17 +31,21 @@ class KernelFamily:
         if capability < self.min_capability:
             need = f"sm_{self.min_capability[0]}{self.min_capability[1]}"
             return f"the {self.name} kernels need {need} or newer, this GPU is {gpu}"
-        if not has_kernel_image_for(capability):
+        has_code = (has_arch_specific_code_for(capability) if self.exact_capability is not None
+                    else has_kernel_image_for(capability))
+        if not has_code:
             return (f"this build has no code for {gpu} (built for {','.join(BUILT_ARCHS)}); "
                     f"rebuild with e.g. TK_CUDA_ARCHS={capability[0]}{capability[1]}"
                     f"{'a' if capability == (9, 0) else ''} pip install --no-build-isolation .")
         return None
 
 
+SM90 = KernelFamily(name="sm90", description="sm90 wgmma+tma", op_name="attention_fwd_sm90",
+                    min_capability=(9, 0), exact_capability=(9, 0))
 SM80 = KernelFamily(name="sm80", description="sm80 mma.sync", op_name="attention_fwd",
                     min_capability=(8, 0))
 
-FAMILIES: tuple[KernelFamily, ...] = (SM80,)
+FAMILIES: tuple[KernelFamily, ...] = (SM90, SM80)
 BY_NAME: dict[str, KernelFamily] = {family.name: family for family in FAMILIES}
 
 assert set(BY_NAME) == set(KNOWN_KERNELS["attention"]), "keep _config.KNOWN_KERNELS in sync"

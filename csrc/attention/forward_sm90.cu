@@ -1,0 +1,317 @@
+// Attention forward on Hopper (sm_90a): TMA + wgmma + warp specialisation.
+//
+// One block computes BLOCK_M = 128 query rows of one (batch, head). Warpgroup 2 is the
+// producer: one thread TMA-loads Q once and then K and V tiles of BLOCK_N = 128 keys into a
+// ring of stages (K and V on separate semaphores, so scores can start before V lands).
+// Warpgroups 0 and 1 are consumers, 64 query rows each, with the registers the producer
+// gave up (setmaxnreg). Per key tile j a consumer runs
+//   S_j = Q K_j^T                 wgmma, A = Q and B = K from shared memory
+//   online softmax of S_j         in registers, base 2 (as in forward_sm80.cu)
+//   O = O * alpha + P_j V_j       wgmma, A = P from registers, B = V from shared memory
+// in the order S_j, then P_{j-1} V_{j-1} (both issued back to back), then the softmax of
+// S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; with two consumer warpgroups
+// the tensor cores also interleave one warpgroup's products with the other's softmax. The
+// stage of tile j-1 is released once P_{j-1} V_{j-1} has finished reading it. Masked and unmasked tiles are separate instantiations (as in the
+// sm80 kernel); partial tiles need no padding: TMA zero-fills rows past the sequence end,
+// their scores are masked, and the O store clips rows past Lq.
+//
+// The key-visibility rule is key <= query + diagonal (causal) with diagonal 0 for SDPA's
+// top-left aligned is_causal; keys >= Lk are never visible.
+#include <cuda.h>
+
+#include "kittens/kittens.cuh"
+#include "kittens/hopper/hopper.cuh"
+#include "kittens/hopper/tma_cache.cuh"
+#include "attention/forward_params.h"
+
+namespace tk::attention {
+namespace {
+
+namespace kt = kittens;
+
+constexpr int CONSUMERS = 2;               // consumer warpgroups, 64 query rows each
+constexpr int BLOCK_M = 64 * CONSUMERS;    // query rows per block
+constexpr int BLOCK_N = 128;               // keys per tile
+constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+// Stages of the K/V ring: as many as fit beside Q and the O staging buffers.
+template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
+
+template <typename T, int D>
+struct Shared {
+    using q_tile = kt::st<T, BLOCK_M, D>;
+    using kv_tile = kt::st<T, BLOCK_N, D>;
+    using o_tile = kt::st<T, 64, D>;
+    q_tile q;
+    kv_tile k[STAGES<D>], v[STAGES<D>];
+    o_tile o[CONSUMERS];
+    kt::semaphore q_full, k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>], v_empty[STAGES<D>];
+};
+
+template <typename T, int D>
+struct Globals {
+    CUtensorMap q_map, k_map, v_map, o_map;
+    float* lse;  // (B, Hq, Lq) contiguous
+    int batch, heads_q, group_size, len_q, len_kv;
+    float scale_log2;
+};
+
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
+    forward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
+#else
+    using S = Shared<T, D>;
+    constexpr int ST = STAGES<D>;
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    S& sh = alloc.allocate<S>();
+
+    // Task: (batch*head, query block); causal blocks heaviest first over the whole grid.
+    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
+    const int heads_total = g.batch * g.heads_q;
+    int q_block, bh;
+    if constexpr (CAUSAL) {
+        q_block = q_blocks - 1 - int(blockIdx.x / heads_total);
+        bh = blockIdx.x % heads_total;
+    } else {
+        q_block = blockIdx.x % q_blocks;
+        bh = blockIdx.x / q_blocks;
+    }
+    const int b = bh / g.heads_q, h = bh % g.heads_q, h_kv = h / g.group_size;
+    const int q_row0 = q_block * BLOCK_M;
+
+    // Key tiles this block needs, and how many of them need no mask at all.
+    const int kv_end = CAUSAL ? min(g.len_kv, q_row0 + BLOCK_M) : g.len_kv;
+    const int tiles = kt::ceil_div(kv_end, BLOCK_N);
+    const int unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? (q_row0 + 1) / BLOCK_N : tiles);
+
+    if (threadIdx.x == 0) {
+        kt::init_semaphore(sh.q_full, 1);
+        for (int s = 0; s < ST; s++) {
+            kt::init_semaphore(sh.k_full[s], 1);
+            kt::init_semaphore(sh.v_full[s], 1);
+            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4);
+        }
+        kt::fence_semaphore_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = kt::warp_id() / 4;
+    if (warpgroup == CONSUMERS) {  // producer
+        kt::decrease_registers<PRODUCER_REGISTERS>();
+        if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
+            kt::expect_bytes(sh.q_full, kt::tma::tile_bytes<typename S::q_tile>());
+            kt::tma::load_async(sh.q, &g.q_map, kt::coord{b, h, q_block, 0}, sh.q_full);
+            // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K stage
+            // frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
+            auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
+                            const CUtensorMap* map, int j) {
+                const int s = j % ST;
+                if (j >= ST) kt::wait(empty[s], (j / ST - 1) % 2);
+                kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
+                kt::tma::load_async(tiles_of[s], map, kt::coord{b, h_kv, j, 0}, full[s]);
+            };
+            for (int j = 0; j < tiles; j++) {
+                load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
+                if (j > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, j - 1);
+            }
+            if (tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, tiles - 1);
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    kt::increase_registers<CONSUMER_REGISTERS>();
+    const int consumer = warpgroup, warp = kt::warpgroup::warp();
+    const int row0 = q_row0 + consumer * 64 + warp * 16;  // first query row of this warp
+    const auto q = kt::subtile<64, D>(sh.q, consumer, 0);
+
+    using score_tile = kt::rt_fl<16, BLOCK_N>;
+    using row_values = typename score_tile::col_vec;
+    kt::rt_fl<16, D> o;
+    kt::rt<T, 16, BLOCK_N> p;  // P of the tile whose P V may still be in flight
+    row_values row_max, row_sum;  // running max of raw scores; sum of P (this lane's share)
+    kt::zero(o);
+    kt::neg_infty(row_max);
+    kt::zero(row_sum);
+
+    score_tile s;
+    auto issue_scores = [&](int j) {
+        kt::wait(sh.k_full[j % ST], (j / ST) % 2);
+        kt::wgmma::fence();
+        kt::wgmma::mma_ABt(s, q, sh.k[j % ST], false);
+        kt::wgmma::commit();
+    };
+    auto issue_pv = [&](int j) {  // O += P_j V_j
+        kt::wait(sh.v_full[j % ST], (j / ST) % 2);
+        kt::wgmma::fence();
+        kt::wgmma::mma_AB(o, p, sh.v[j % ST], true);
+        kt::wgmma::commit();
+    };
+    auto release = [&](kt::semaphore* empty, int j) {
+        __syncwarp();
+        if (kt::lane_id() == 0) kt::arrive(empty[j % ST]);
+    };
+    // The two consumer warpgroups take turns issuing their products (named barriers 3 and 4),
+    // so one's softmax runs while the other's products keep the tensor cores busy, instead of
+    // both doing exponentials at once.
+    constexpr int PAIR = 2 * 4 * kt::WARP_THREADS;
+    auto my_turn = [&] { kt::warpgroup::sync_with<PAIR>(3 + consumer); };
+    auto pass_turn = [&] { kt::warpgroup::arrive_at<PAIR>(3 + (1 - consumer)); };
+    // Online softmax of tile j's scores, in place (S becomes P in fp32); returns through
+    // `rescale` the factor O and l must be multiplied by.
+    auto softmax = [&]<bool MASKED>(int j, row_values& rescale) {
+        if constexpr (MASKED) {
+            const int key0 = j * BLOCK_N;
+            kt::mask(s, [&](int r, int c) {
+                const int key = key0 + c;
+                return key < g.len_kv && (!CAUSAL || key <= row0 + r);
+            }, kt::neg_infinity());
+        }
+        row_values new_max, shift;
+        kt::row_max(new_max, s, row_max);
+        kt::for_each_slot(rescale, [&](int t, int i, float& alpha) {
+            const float m_new = new_max.data[t][i];
+            const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
+            shift.data[t][i] = empty ? 0.f : m_new * g.scale_log2;
+            alpha = empty ? 1.f : exp2f((row_max.data[t][i] - m_new) * g.scale_log2);
+        });
+        kt::mul(s, s, g.scale_log2);
+        kt::sub_row(s, s, shift);
+        kt::exp2(s, s);
+        kt::copy(row_max, new_max);
+        kt::mul(row_sum, row_sum, rescale);
+        kt::row_sum_lane_partial(row_sum, s, row_sum);
+    };
+    // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
+    // back; the softmax of S_j runs while the second one does.
+    auto step = [&]<bool MASKED>(int j) {
+        my_turn();
+        issue_scores(j);
+        issue_pv(j - 1);
+        pass_turn();
+        kt::wgmma::wait<1>();  // S_j is done: K_j is free
+        kt::wgmma::fence_operand(s);
+        release(sh.k_empty, j);
+        row_values rescale;
+        softmax.template operator()<MASKED>(j, rescale);
+        kt::wgmma::wait<0>();  // P_{j-1} V_{j-1} is done: O, P and V_{j-1} are free
+        kt::wgmma::fence_operand(o);
+        kt::wgmma::fence_operand(p);
+        release(sh.v_empty, j - 1);
+        kt::mul_row(o, o, rescale);
+        kt::copy(p, s);
+    };
+
+    kt::wait(sh.q_full, 0);
+    if (consumer == 1) pass_turn();  // warpgroup 0 goes first
+    if (tiles > 0) {
+        my_turn();
+        issue_scores(0);
+        pass_turn();
+        kt::wgmma::wait<0>();
+        kt::wgmma::fence_operand(s);
+        release(sh.k_empty, 0);
+        row_values rescale;  // O is still zero: nothing to rescale
+        if (unmasked > 0) softmax.template operator()<false>(0, rescale);
+        else softmax.template operator()<true>(0, rescale);
+        kt::copy(p, s);
+        int j = 1;
+        for (; j < unmasked; j++) step.template operator()<false>(j);
+        for (; j < tiles; j++) step.template operator()<true>(j);
+        my_turn();
+        issue_pv(tiles - 1);
+        pass_turn();
+        kt::wgmma::wait<0>();
+        kt::wgmma::fence_operand(o);
+        release(sh.v_empty, tiles - 1);
+    }
+    if (consumer == 0) my_turn();  // takes warpgroup 1's last pass: every barrier ends balanced
+
+    // Epilogue: O / l into this warpgroup's staging tile, one TMA store (clipped at Lq).
+    kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+    kt::div_row(o, o, row_sum);
+    kt::rt<T, 16, D> o_out;
+    kt::copy(o_out, o);
+    kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
+    kt::fence_async_proxy();
+    kt::warpgroup::sync(1 + consumer);
+    if (kt::warpgroup::thread() == 0) {
+        kt::tma::store_async(&g.o_map, sh.o[consumer], kt::coord{b, h, q_block * CONSUMERS + consumer, 0});
+        kt::tma::store_commit();
+    }
+
+    row_values lse;
+    kt::for_each_slot(lse, [&](int t, int i, float& x) {
+        x = (row_max.data[t][i] * g.scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
+    });
+    const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
+    kt::store(lse_rows, lse, kt::coord{b, h, 0, row0 / 16});
+    if (kt::warpgroup::thread() == 0) kt::tma::store_wait<0>();  // the staging tile outlives the store
+#endif
+}
+
+template <typename T, int D, bool CAUSAL>
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+    using G = Globals<T, D>;
+    using Sh = Shared<T, D>;
+    auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
+        return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
+    };
+    G g{};
+    const kt::gl<T> q = tensor(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
+    const kt::gl<T> k = tensor(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
+    const kt::gl<T> v = tensor(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> o = tensor(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l);
+    if (kt::tma::cached_tensor_map<typename Sh::q_tile>(&g.q_map, q) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename Sh::kv_tile>(&g.k_map, k) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename Sh::kv_tile>(&g.v_map, v) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename Sh::o_tile>(&g.o_map, o) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    g.lse = p.lse;
+    g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
+    g.len_q = p.len_q, g.len_kv = p.len_kv;
+    g.scale_log2 = p.scale * LOG2E;
+
+    constexpr int smem = kt::shared_bytes_for<Sh>();
+    auto kernel = forward_kernel_sm90<T, D, CAUSAL>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    const int64_t blocks = int64_t(kt::ceil_div(p.len_q, BLOCK_M)) * p.batch * p.heads_q;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
+    return cudaGetLastError();
+}
+
+// The instantiations: one row per (element type, head dim, causal).
+struct Entry {
+    ElementType dtype;
+    int head_dim;
+    bool causal;
+    cudaError_t (*run)(const ForwardParams&, cudaStream_t);
+};
+constexpr Entry kernels[] = {
+    {ElementType::bf16, 64, false, launch<kt::bf16, 64, false>},
+    {ElementType::bf16, 64, true, launch<kt::bf16, 64, true>},
+    {ElementType::bf16, 128, false, launch<kt::bf16, 128, false>},
+    {ElementType::bf16, 128, true, launch<kt::bf16, 128, true>},
+    {ElementType::fp16, 64, false, launch<kt::half, 64, false>},
+    {ElementType::fp16, 64, true, launch<kt::half, 64, true>},
+    {ElementType::fp16, 128, false, launch<kt::half, 128, false>},
+    {ElementType::fp16, 128, true, launch<kt::half, 128, true>},
+};
+
+}  // namespace
+
+cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream) {
+    for (const Entry& e : kernels)
+        if (e.dtype == params.dtype && e.head_dim == params.head_dim && e.causal == params.causal)
+            return e.run(params, stream);
+    return cudaErrorInvalidValue;  // the op layer only passes supported combinations
+}
+
+}  // namespace tk::attention
