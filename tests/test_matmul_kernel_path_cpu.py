@@ -418,3 +418,19 @@ def test_compile_dynamic_shapes(cpu_matmul):
 def test_opcheck(cpu_matmul, a, b):
     torch.library.opcheck(torch.ops.tk.matmul.default,
                           (a().requires_grad_(), b().requires_grad_()))
+
+
+def test_dims_beyond_int32_fall_back(cpu_matmul):
+    # Expanded views: huge shapes without the memory. The op takes 32-bit dims.
+    a = bf16(1, 1, 32).expand(2**31, 1, 32)
+    b = bf16(1, 32, 8).expand(2**31, 32, 8)
+    assert "beyond 2^31 - 1" in reason(a, b)
+
+
+def test_fold_stays_within_int32(cpu_matmul, monkeypatch):
+    from thunderkittens._matmul import problem
+    monkeypatch.setattr(problem, "MAX_DIM", 255)
+    a, b = bf16(4, 64, 32), bf16(32, 48)
+    assert tk.explain_matmul(a, b).folded_batch == 1 and tk.explain_matmul(a, b).batch == 4
+    monkeypatch.setattr(problem, "MAX_DIM", 256)
+    assert tk.explain_matmul(a, b).folded_batch == 4

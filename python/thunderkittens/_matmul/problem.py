@@ -68,9 +68,14 @@ def _drop_repeated_batch(a3: torch.Tensor, b3: torch.Tensor) -> tuple[torch.Tens
     return a3, b3
 
 
+# The op takes every dim as a 32-bit int.
+MAX_DIM = 2**31 - 1
+
+
 def _fold_batch_into_rows(a3: torch.Tensor, b3: torch.Tensor) -> tuple[torch.Tensor, int]:
     batch, rows, cols = a3.shape
-    if b3.shape[0] == 1 and batch > 1 and a3.stride(0) == rows * a3.stride(1):
+    if (b3.shape[0] == 1 and batch > 1 and a3.stride(0) == rows * a3.stride(1)
+            and batch * rows <= MAX_DIM):
         return a3.reshape(1, batch * rows, cols), batch
     return a3, 1
 
@@ -89,6 +94,10 @@ def kernel_problem(a: torch.Tensor, b: torch.Tensor,
     b3, reason = _to_3d("b", b, out_batch)
     if b3 is None:
         return None, reason
+    for name, t in (("a", a3), ("b", b3)):
+        if max(t.shape) > MAX_DIM:
+            return None, (f"{name} flattened to {tuple(t.shape)} has a dim beyond 2^31 - 1, "
+                          "which the kernel does not take")
     a3, b3 = _drop_repeated_batch(a3, b3)
     a3, folded = _fold_batch_into_rows(a3, b3)
     return Problem(a3, b3, tuple(out_shape), folded), None
