@@ -21,6 +21,10 @@ TORCH_LIBRARY(tk, m) {
     // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel.
     m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
           "-> (Tensor out, Tensor lse)");
+    // Gradients of attention_fwd_sm90's out (given grad_out) with respect to q, k and v, from the
+    // forward's out and lse; dk/dv summed over each GQA group's query heads. sm_90 only.
+    m.def("attention_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+          "bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -42,6 +46,12 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, co
                                                             const at::Tensor&, bool, double) {
     family_not_built("attention_fwd", "attention");
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&, bool,
+                                                                       double) {
+    family_not_built("attention_bwd_sm90", "attention");
+}
 #endif
 
 #ifndef TK_HAS_MATMUL
@@ -54,6 +64,7 @@ at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_b
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd", &attention_fwd_not_built);
     m.impl("attention_fwd_sm90", &attention_fwd_not_built);
+    m.impl("attention_bwd_sm90", &attention_bwd_not_built);
 }
 #endif
 #ifndef TK_HAS_MATMUL

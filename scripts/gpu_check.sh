@@ -12,7 +12,7 @@
 #                     long check over two calls, e.g. build,test then sanitize,bench: the build
 #                     stays on a warm machine.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
-#   TK_SANITIZE_SCRIPTS  which scripts/sanitize_<op>.py to run (default "attention matmul")
+#   TK_SANITIZE_SCRIPTS  which scripts/sanitize_<op>.py to run (default "attention attention_backward matmul")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
 #   TK_CHECK_BUDGET_S seconds the whole check may take (default 570: the device tool allows 600
 #                     per command); steps are cut short or skipped so the summary still prints
@@ -158,7 +158,7 @@ if want sanitize; then
             banner "compute-sanitizer --tool $tool"
             # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
             # accesses past the end of an output as out of bounds.
-            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention matmul}; do
+            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul}; do
                     PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool --error-exitcode 99 \
                         '$PY' scripts/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
         done

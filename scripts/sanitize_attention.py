@@ -36,14 +36,20 @@ def to_gpu(cpu_tensor: torch.Tensor, transposed: bool) -> torch.Tensor:
 def main() -> int:
     torch.manual_seed(0)
     failures = calls = 0
-    for (len_q, len_kv), dtype, head_dim, causal, (heads_q, heads_kv) in itertools.product(
-            LENGTHS, DTYPES, HEAD_DIMS, (False, True), HEADS):
+    probe = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    kernels = []
+    for kernel in ("sm80", "sm90"):
+        with tk.use_kernel(kernel):
+            if tk.explain(probe, probe, probe).uses_kernel:
+                kernels.append(kernel)
+    for kernel, (len_q, len_kv), dtype, head_dim, causal, (heads_q, heads_kv) in itertools.product(
+            kernels, LENGTHS, DTYPES, HEAD_DIMS, (False, True), HEADS):
         q = torch.randn(1, heads_q, len_q, head_dim, dtype=dtype)
         k = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)
         v = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)
         transposed = calls % 4 == 3
         gqa = heads_q != heads_kv
-        with tk.use_kernel("sm80"), tk.strict():
+        with tk.use_kernel(kernel), tk.strict():
             out = tk.attention(to_gpu(q, transposed), to_gpu(k, transposed), v.cuda(),
                                is_causal=causal, enable_gqa=gqa).cpu()
         expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
@@ -52,10 +58,10 @@ def main() -> int:
         calls += 1
         if not math.isfinite(error) or error > TOLERANCE:
             failures += 1
-            print(f"MISMATCH lq={len_q} lk={len_kv} {dtype} d={head_dim} causal={causal} "
+            print(f"MISMATCH {kernel} lq={len_q} lk={len_kv} {dtype} d={head_dim} causal={causal} "
                   f"hq={heads_q} hkv={heads_kv} transposed={transposed}: max abs error {error:.3e}")
     torch.cuda.synchronize()
-    print(f"sanitize_attention: {calls} calls, {failures} mismatches")
+    print(f"sanitize_attention: {calls} calls ({', '.join(kernels)}), {failures} mismatches")
     return 1 if failures else 0
 
 

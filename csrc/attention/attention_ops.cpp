@@ -21,6 +21,7 @@ namespace tk::attention {
 namespace {
 
 constexpr const char* kOp = "tk::attention_fwd: ";
+constexpr const char* kBwdOp = "tk::attention_bwd_sm90: ";
 
 // (batch, heads, length) strides handed to the kernel. A dimension of size 1 is never stepped
 // over, so torch allows it any stride (including 0 or an unaligned value); the kernel gets a
@@ -35,42 +36,48 @@ std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
     return strides;
 }
 
-void check_layout(const at::Tensor& t, const char* name) {
-    TORCH_CHECK(t.stride(3) == 1, kOp, name, " must have a contiguous last dimension (stride 1), got strides ",
+void check_layout(const at::Tensor& t, const char* name, const char* op = kOp) {
+    TORCH_CHECK(t.stride(3) == 1, op, name, " must have a contiguous last dimension (stride 1), got strides ",
                 t.strides());
     for (int dim = 0; dim < 3; ++dim) {
-        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, kOp, name,
+        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, op, name,
                     ": every stride except the last must be a multiple of 8 elements (16 bytes), got strides ",
                     t.strides(), "; pass x.contiguous()");
     }
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, kOp, name,
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, op, name,
                 ": data pointer must be 16-byte aligned; pass a fresh copy "
                 "(x.clone(memory_format=torch.contiguous_format))");
 }
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
-    TORCH_CHECK(t.defined(), kOp, name, " is undefined");
-    TORCH_CHECK(t.is_cuda(), kOp, name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK(t.device() == q.device(), kOp, name, " is on ", t.device(), " but q is on ", q.device());
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), kOp, name, " has dtype ", t.scalar_type(),
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op = kOp) {
+    TORCH_CHECK(t.defined(), op, name, " is undefined");
+    TORCH_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor, got device ", t.device());
+    TORCH_CHECK(t.device() == q.device(), op, name, " is on ", t.device(), " but q is on ", q.device());
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, name, " has dtype ", t.scalar_type(),
                 " but q has dtype ", q.scalar_type());
-    TORCH_CHECK(t.dim() == 4, kOp, name, " must be 4-D (batch, heads, length, head_dim), got shape ",
+    TORCH_CHECK(t.dim() == 4, op, name, " must be 4-D (batch, heads, length, head_dim), got shape ",
                 t.sizes());
     for (int dim = 0; dim < 4; ++dim) {
-        TORCH_CHECK(t.size(dim) >= 1, kOp, name, " must not be empty, got shape ", t.sizes());
-        TORCH_CHECK(t.size(dim) <= std::numeric_limits<int>::max(), kOp, name, " dimension ", dim,
+        TORCH_CHECK(t.size(dim) >= 1, op, name, " must not be empty, got shape ", t.sizes());
+        TORCH_CHECK(t.size(dim) <= std::numeric_limits<int>::max(), op, name, " dimension ", dim,
                     " is too large: ", t.size(dim));
     }
-    check_layout(t, name);
+    check_layout(t, name, op);
 }
 
-ElementType element_type(const at::Tensor& q) {
+ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     switch (q.scalar_type()) {
         case at::kBFloat16: return ElementType::bf16;
         case at::kHalf: return ElementType::fp16;
         default:
-            TORCH_CHECK(false, kOp, "q must be bfloat16 or float16, got ", q.scalar_type());
+            TORCH_CHECK(false, op, "q must be bfloat16 or float16, got ", q.scalar_type());
     }
+}
+
+void check_hopper(const at::Tensor& q, const char* op) {
+    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(props->major == 9 && props->minor == 0, op, "the sm90 kernels need an sm_90 (Hopper) GPU, ",
+                q.device(), " is sm_", props->major, props->minor);
 }
 
 using Launcher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
@@ -101,11 +108,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
-    if (launch == &forward_sm90) {
-        const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-        TORCH_CHECK(props->major == 9 && props->minor == 0, kOp, "the sm90 kernel needs an sm_90 (Hopper) GPU, ",
-                    q.device(), " is sm_", props->major, props->minor, "; use tk.attention_fwd (sm80) there");
-    }
+    if (launch == &forward_sm90) check_hopper(q, kOp);
     at::Tensor out = at::empty({batch, heads_q, len_q, head_dim}, q.options());
     at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
 
@@ -137,6 +140,83 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     return {out, lse};
 }
 
+// dq, dk, dv of out = attention(q, k, v) given dout. The per-row statistics the kernel reads
+// (lse * log2(e) and rowsum(dout * out), padded to whole 64-row blocks) and the fp32 dq
+// accumulator are made here with ATen ops on the same stream.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at::Tensor& dout, const at::Tensor& q,
+                                                                       const at::Tensor& k, const at::Tensor& v,
+                                                                       const at::Tensor& out, const at::Tensor& lse,
+                                                                       bool is_causal, double scale) {
+    const char* op = kBwdOp;
+    TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
+    check_operand(q, "q", q, op);
+    check_operand(k, "k", q, op);
+    check_operand(v, "v", q, op);
+    check_operand(out, "out", q, op);
+    check_operand(dout, "grad_out", q, op);
+    const ElementType dtype = element_type(q, op);
+    const int64_t batch = q.size(0), heads_q = q.size(1), len_q = q.size(2), head_dim = q.size(3);
+    const int64_t heads_kv = k.size(1), len_kv = k.size(2);
+    TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes(), op, "out ", out.sizes(), " and grad_out ",
+                dout.sizes(), " must have q's shape ", q.sizes());
+    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == batch && k.size(3) == head_dim, op,
+                "k and v must be (batch, heads_kv, len_kv, head_dim) like each other and q, got k ", k.sizes(),
+                ", v ", v.sizes(), ", q ", q.sizes());
+    TORCH_CHECK(heads_q % heads_kv == 0, op, "q heads (", heads_q, ") must be a multiple of k/v heads (", heads_kv,
+                ")");
+    TORCH_CHECK(head_dim == 64 || head_dim == 128, op, "head_dim must be 64 or 128, got ", head_dim);
+    TORCH_CHECK(lse.defined() && lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
+                    lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q && lse.size(2) == len_q,
+                op, "lse must be the forward's float32 (batch, heads_q, len_q) tensor on q's device, got ",
+                lse.sizes(), " ", lse.scalar_type());
+    TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
+
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    check_hopper(q, op);
+    constexpr double kLog2e = 1.4426950408889634;
+    const int64_t len_q_padded = (len_q + 63) / 64 * 64;
+    const auto f32 = q.options().dtype(at::kFloat);
+    at::Tensor lse2 = at::full({batch, heads_q, len_q_padded}, std::numeric_limits<float>::infinity(), f32);
+    lse2.narrow(2, 0, len_q).copy_(lse * kLog2e);
+    at::Tensor delta = at::zeros({batch, heads_q, len_q_padded}, f32);
+    delta.narrow(2, 0, len_q).copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1));
+    at::Tensor dq_accum = at::zeros({batch, heads_q, len_q, head_dim}, f32);
+    at::Tensor dk = at::empty({batch, heads_kv, len_kv, head_dim}, k.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dv = at::empty({batch, heads_kv, len_kv, head_dim}, v.options().memory_format(at::MemoryFormat::Contiguous));
+
+    BackwardParams params{};
+    params.q = q.const_data_ptr();
+    params.k = k.const_data_ptr();
+    params.v = v.const_data_ptr();
+    params.dout = dout.const_data_ptr();
+    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v), ds = kernel_strides(dout);
+    params.q_stride_b = qs[0], params.q_stride_h = qs[1], params.q_stride_l = qs[2];
+    params.k_stride_b = ks[0], params.k_stride_h = ks[1], params.k_stride_l = ks[2];
+    params.v_stride_b = vs[0], params.v_stride_h = vs[1], params.v_stride_l = vs[2];
+    params.dout_stride_b = ds[0], params.dout_stride_h = ds[1], params.dout_stride_l = ds[2];
+    params.dq_accum = dq_accum.mutable_data_ptr<float>();
+    params.dk = dk.mutable_data_ptr();
+    params.dv = dv.mutable_data_ptr();
+    params.lse2 = lse2.const_data_ptr<float>();
+    params.delta = delta.const_data_ptr<float>();
+    params.len_q_padded = static_cast<int>(len_q_padded);
+    params.batch = static_cast<int>(batch);
+    params.heads_q = static_cast<int>(heads_q);
+    params.heads_kv = static_cast<int>(heads_kv);
+    params.len_q = static_cast<int>(len_q);
+    params.len_kv = static_cast<int>(len_kv);
+    params.head_dim = static_cast<int>(head_dim);
+    params.scale = static_cast<float>(scale);
+    params.causal = is_causal;
+    params.dtype = dtype;
+
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    const cudaError_t status = backward_sm90(params, stream);
+    TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));
+    at::Tensor dq = dq_accum.mul_(scale).to(q.scalar_type());
+    return {dq, dk, dv};
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, bool is_causal, double scale) {
     return attention_fwd(q, k, v, is_causal, scale, &forward_sm80);
@@ -152,4 +232,5 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd", &tk::attention::attention_fwd_sm80_cuda);
     m.impl("attention_fwd_sm90", &tk::attention::attention_fwd_sm90_cuda);
+    m.impl("attention_bwd_sm90", &tk::attention::attention_bwd_sm90_cuda);
 }

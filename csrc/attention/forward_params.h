@@ -31,6 +31,36 @@ struct ForwardParams {
     ElementType dtype;
 };
 
+// One attention backward call (dq, dk, dv from dO), for the sm_90 kernel. q, k, v, dout follow
+// ForwardParams' layout rules; the op layer prepares the per-row statistics and the fp32 dq
+// accumulator, and converts dq afterwards.
+struct BackwardParams {
+    const void* q;     // (B, Hq,  Lq, D)
+    const void* k;     // (B, Hkv, Lk, D)
+    const void* v;     // (B, Hkv, Lk, D)
+    const void* dout;  // (B, Hq,  Lq, D)
+    int64_t q_stride_b, q_stride_h, q_stride_l;
+    int64_t k_stride_b, k_stride_h, k_stride_l;
+    int64_t v_stride_b, v_stride_h, v_stride_l;
+    int64_t dout_stride_b, dout_stride_h, dout_stride_l;
+    float* dq_accum;     // (B, Hq, Lq, D) fp32 contiguous, zeroed: receives dS K (unscaled)
+    void* dk;            // (B, Hkv, Lk, D) contiguous, input dtype
+    void* dv;            // (B, Hkv, Lk, D) contiguous, input dtype
+    const float* lse2;   // (B, Hq, len_q_padded) fp32: lse * log2(e); +inf past Lq
+    const float* delta;  // (B, Hq, len_q_padded) fp32: rowsum(dO * O); 0 past Lq
+    int len_q_padded;    // Lq rounded up to a multiple of 64
+
+    int batch, heads_q, heads_kv;
+    int len_q, len_kv;
+    int head_dim;  // 64 or 128
+    float scale;
+    bool causal;
+    ElementType dtype;
+};
+
+// TMA + wgmma backward (sm_90a only).
+cudaError_t backward_sm90(const BackwardParams& params, cudaStream_t stream);
+
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
 

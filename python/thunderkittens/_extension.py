@@ -93,8 +93,12 @@ def has_arch_specific_code_for(capability: tuple[int, int]) -> bool:
     code: a plain sm_90 target or PTX cannot express those instructions, so
     has_kernel_image_for() is not enough for them.
     """
-    return any(suffix == "a" and (major, minor) == capability
-               for major, minor, suffix, _ptx in _TARGETS)
+    # A plain loop, like has_kernel_image_for: torch 2.11's dynamo failed to trace any() over
+    # a generator here (NotImplementedError guarding a constant source under torch.compile).
+    for major, minor, suffix, _ptx in _TARGETS:
+        if suffix == "a" and (major, minor) == capability:
+            return True
+    return False
 
 
 def build_summary() -> str:

@@ -35,7 +35,10 @@ def _batch_dims_merge(t: torch.Tensor, batch_rank: int) -> bool:
     """Whether t's first ``batch_rank`` dims can be viewed as one dim. Size-1 dims are
     skipped: their strides never matter."""
     live = [(t.shape[d], t.stride(d)) for d in range(batch_rank) if t.shape[d] != 1]
-    return all(outer == inner * size for (_, outer), (size, inner) in zip(live, live[1:]))
+    for (_, outer), (size, inner) in zip(live, live[1:]):  # a loop, not all(...): see _extension
+        if outer != inner * size:
+            return False
+    return True
 
 
 def _to_3d(name: str, t: torch.Tensor, out_batch: tuple) -> tuple[torch.Tensor | None, str | None]:
