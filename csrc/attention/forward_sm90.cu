@@ -1,8 +1,10 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma + warp specialisation.
 //
-// One block computes BLOCK_M = 128 query rows of one (batch, head). Warpgroup 2 is the
-// producer: one thread TMA-loads Q once and then K and V tiles of BLOCK_N = 128 keys into a
-// ring of stages (K and V on separate semaphores, so scores can start before V lands).
+// A task is BLOCK_M = 128 query rows of one (batch, head); a persistent grid of one block per
+// SM walks the tasks. Warpgroup 2 is the producer: one thread TMA-loads each task's Q (two
+// buffers, so the next task's Q lands during this one) and K and V tiles of BLOCK_N = 128
+// keys into a ring of stages (K and V on separate semaphores, so scores can start before V
+// lands), running ahead into the next task while the consumers finish the current one.
 // Warpgroups 0 and 1 are consumers, 64 query rows each, with the registers the producer
 // gave up (setmaxnreg). Per key tile j a consumer runs
 //   S_j = Q K_j^T                 wgmma, A = Q and B = K from shared memory
@@ -36,7 +38,7 @@ constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-// Stages of the K/V ring: as many as fit beside Q and the O staging buffers.
+// Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
 template <typename T, int D>
@@ -44,10 +46,11 @@ struct Shared {
     using q_tile = kt::st<T, BLOCK_M, D>;
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
-    q_tile q;
+    q_tile q[2];  // this task's and the next one's
     kv_tile k[STAGES<D>], v[STAGES<D>];
     o_tile o[CONSUMERS];
-    kt::semaphore q_full, k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>], v_empty[STAGES<D>];
+    kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
+        v_empty[STAGES<D>];
 };
 
 template <typename T, int D>
@@ -57,6 +60,33 @@ struct Globals {
     int batch, heads_q, group_size, len_q, len_kv;
     float scale_log2;
 };
+
+// One unit of work: 128 query rows of one (batch, head), and the key tiles they need.
+struct Task {
+    int b, h, h_kv, q_block, tiles, unmasked;
+};
+
+template <bool CAUSAL, typename G>
+__device__ __forceinline__ Task task_at(int index, const G& g) {
+    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
+    const int heads_total = g.batch * g.heads_q;
+    Task t;
+    int bh;
+    if constexpr (CAUSAL) {  // heaviest query blocks first over the whole grid
+        t.q_block = q_blocks - 1 - index / heads_total;
+        bh = index % heads_total;
+    } else {  // a head's query blocks together, so its K/V stay in L2
+        t.q_block = index % q_blocks;
+        bh = index / q_blocks;
+    }
+    t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
+    const int q_row0 = t.q_block * BLOCK_M;
+    // Key tiles the block needs, and how many of them need no mask at all.
+    const int kv_end = CAUSAL ? min(g.len_kv, q_row0 + BLOCK_M) : g.len_kv;
+    t.tiles = kt::ceil_div(kv_end, BLOCK_N);
+    t.unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? (q_row0 + 1) / BLOCK_N : t.tiles);
+    return t;
+}
 
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
@@ -69,58 +99,53 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-
-    // Task: (batch*head, query block); causal blocks heaviest first over the whole grid.
-    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
-    const int heads_total = g.batch * g.heads_q;
-    int q_block, bh;
-    if constexpr (CAUSAL) {
-        q_block = q_blocks - 1 - int(blockIdx.x / heads_total);
-        bh = blockIdx.x % heads_total;
-    } else {
-        q_block = blockIdx.x % q_blocks;
-        bh = blockIdx.x / q_blocks;
-    }
-    const int b = bh / g.heads_q, h = bh % g.heads_q, h_kv = h / g.group_size;
-    const int q_row0 = q_block * BLOCK_M;
-
-    // Key tiles this block needs, and how many of them need no mask at all.
-    const int kv_end = CAUSAL ? min(g.len_kv, q_row0 + BLOCK_M) : g.len_kv;
-    const int tiles = kt::ceil_div(kv_end, BLOCK_N);
-    const int unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? (q_row0 + 1) / BLOCK_N : tiles);
+    const int tasks = kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
 
     if (threadIdx.x == 0) {
-        kt::init_semaphore(sh.q_full, 1);
+        for (int s = 0; s < 2; s++) {
+            kt::init_semaphore(sh.q_full[s], 1);
+            kt::init_semaphore(sh.q_empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
         for (int s = 0; s < ST; s++) {
             kt::init_semaphore(sh.k_full[s], 1);
             kt::init_semaphore(sh.v_full[s], 1);
-            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4);
             kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4);
         }
         kt::fence_semaphore_init();
     }
     __syncthreads();
 
+    // Persistent: block x takes tasks x, x + grid, ...; the producer runs ahead into the next
+    // task (its Q in the other buffer, its first K/V tiles in the ring) while the consumers
+    // finish the current one. K/V ring positions count on across tasks (`ring`).
     const int warpgroup = kt::warp_id() / 4;
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
-            kt::expect_bytes(sh.q_full, kt::tma::tile_bytes<typename S::q_tile>());
-            kt::tma::load_async(sh.q, &g.q_map, kt::coord{b, h, q_block, 0}, sh.q_full);
-            // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K stage
-            // frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
-            auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
-                            const CUtensorMap* map, int j) {
-                const int s = j % ST;
-                if (j >= ST) kt::wait(empty[s], (j / ST - 1) % 2);
-                kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
-                kt::tma::load_async(tiles_of[s], map, kt::coord{b, h_kv, j, 0}, full[s]);
-            };
-            for (int j = 0; j < tiles; j++) {
-                load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
-                if (j > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, j - 1);
+            int ring = 0, local = 0;
+            for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
+                const Task t = task_at<CAUSAL>(index, g);
+                const int qs = local % 2;
+                if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
+                kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
+                kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
+                // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
+                // stage frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
+                auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
+                                const CUtensorMap* map, int j) {
+                    const int n = ring + j, s = n % ST;
+                    if (n >= ST) kt::wait(empty[s], (n / ST - 1) % 2);
+                    kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
+                    kt::tma::load_async(tiles_of[s], map, kt::coord{t.b, t.h_kv, j, 0}, full[s]);
+                };
+                for (int j = 0; j < t.tiles; j++) {
+                    load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
+                    if (j > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, j - 1);
+                }
+                if (t.tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, t.tiles - 1);
+                ring += t.tiles;
             }
-            if (tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, tiles - 1);
         }
         return;
     }
@@ -128,131 +153,151 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // ---- consumers ----
     kt::increase_registers<CONSUMER_REGISTERS>();
     const int consumer = warpgroup, warp = kt::warpgroup::warp();
-    const int row0 = q_row0 + consumer * 64 + warp * 16;  // first query row of this warp
-    const auto q = kt::subtile<64, D>(sh.q, consumer, 0);
+    const bool issuer = kt::warpgroup::thread() == 0;  // issues this warpgroup's O stores
 
     using score_tile = kt::rt_fl<16, BLOCK_N>;
     using row_values = typename score_tile::col_vec;
     kt::rt_fl<16, D> o;
     kt::rt<T, 16, BLOCK_N> p;  // P of the tile whose P V may still be in flight
     row_values row_max, row_sum;  // running max of raw scores; sum of P (this lane's share)
-    kt::zero(o);
-    kt::neg_infty(row_max);
-    kt::zero(row_sum);
-
     score_tile s;
-    auto issue_scores = [&](int j) {
-        kt::wait(sh.k_full[j % ST], (j / ST) % 2);
-        kt::wgmma::fence();
-        kt::wgmma::mma_ABt(s, q, sh.k[j % ST], false);
-        kt::wgmma::commit();
-    };
-    auto issue_pv = [&](int j) {  // O += P_j V_j
-        kt::wait(sh.v_full[j % ST], (j / ST) % 2);
-        kt::wgmma::fence();
-        kt::wgmma::mma_AB(o, p, sh.v[j % ST], true);
-        kt::wgmma::commit();
-    };
-    auto release = [&](kt::semaphore* empty, int j) {
-        __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(empty[j % ST]);
-    };
+
     // The two consumer warpgroups take turns issuing their products (named barriers 3 and 4),
     // so one's softmax runs while the other's products keep the tensor cores busy, instead of
     // both doing exponentials at once.
     constexpr int PAIR = 2 * 4 * kt::WARP_THREADS;
     auto my_turn = [&] { kt::warpgroup::sync_with<PAIR>(3 + consumer); };
     auto pass_turn = [&] { kt::warpgroup::arrive_at<PAIR>(3 + (1 - consumer)); };
-    // Online softmax of tile j's scores, in place (S becomes P in fp32); returns through
-    // `rescale` the factor O and l must be multiplied by.
-    auto softmax = [&]<bool MASKED>(int j, row_values& rescale) {
-        if constexpr (MASKED) {
-            const int key0 = j * BLOCK_N;
-            kt::mask(s, [&](int r, int c) {
-                const int key = key0 + c;
-                return key < g.len_kv && (!CAUSAL || key <= row0 + r);
-            }, kt::neg_infinity());
-        }
-        row_values new_max, shift;
-        kt::row_max(new_max, s, row_max);
-        kt::for_each_slot(rescale, [&](int t, int i, float& alpha) {
-            const float m_new = new_max.data[t][i];
-            const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
-            shift.data[t][i] = empty ? 0.f : m_new * g.scale_log2;
-            alpha = empty ? 1.f : exp2f((row_max.data[t][i] - m_new) * g.scale_log2);
-        });
-        kt::mul(s, s, g.scale_log2);
-        kt::sub_row(s, s, shift);
-        kt::exp2(s, s);
-        kt::copy(row_max, new_max);
-        kt::mul(row_sum, row_sum, rescale);
-        kt::row_sum_lane_partial(row_sum, s, row_sum);
+    auto release = [&](kt::semaphore& empty) {
+        __syncwarp();
+        if (kt::lane_id() == 0) kt::arrive(empty);
     };
-    // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
-    // back; the softmax of S_j runs while the second one does.
-    auto step = [&]<bool MASKED>(int j) {
-        my_turn();
-        issue_scores(j);
-        issue_pv(j - 1);
-        pass_turn();
-        kt::wgmma::wait<1>();  // S_j is done: K_j is free
-        kt::wgmma::fence_operand(s);
-        release(sh.k_empty, j);
-        row_values rescale;
-        softmax.template operator()<MASKED>(j, rescale);
-        kt::wgmma::wait<0>();  // P_{j-1} V_{j-1} is done: O, P and V_{j-1} are free
-        kt::wgmma::fence_operand(o);
-        kt::wgmma::fence_operand(p);
-        release(sh.v_empty, j - 1);
-        kt::mul_row(o, o, rescale);
-        kt::copy(p, s);
-    };
-
-    kt::wait(sh.q_full, 0);
     if (consumer == 1) pass_turn();  // warpgroup 0 goes first
-    if (tiles > 0) {
-        my_turn();
-        issue_scores(0);
-        pass_turn();
-        kt::wgmma::wait<0>();
-        kt::wgmma::fence_operand(s);
-        release(sh.k_empty, 0);
-        row_values rescale;  // O is still zero: nothing to rescale
-        if (unmasked > 0) softmax.template operator()<false>(0, rescale);
-        else softmax.template operator()<true>(0, rescale);
-        kt::copy(p, s);
-        int j = 1;
-        for (; j < unmasked; j++) step.template operator()<false>(j);
-        for (; j < tiles; j++) step.template operator()<true>(j);
-        my_turn();
-        issue_pv(tiles - 1);
-        pass_turn();
-        kt::wgmma::wait<0>();
-        kt::wgmma::fence_operand(o);
-        release(sh.v_empty, tiles - 1);
+
+    int ring = 0, local = 0;
+    for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
+        const Task t = task_at<CAUSAL>(index, g);
+        const int qs = local % 2;
+        const int row0 = t.q_block * BLOCK_M + consumer * 64 + warp * 16;  // first query row of this warp
+        const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
+        kt::zero(o);
+        kt::neg_infty(row_max);
+        kt::zero(row_sum);
+
+        auto issue_scores = [&](int j) {
+            const int n = ring + j;
+            kt::wait(sh.k_full[n % ST], (n / ST) % 2);
+            kt::wgmma::fence();
+            kt::wgmma::mma_ABt(s, q, sh.k[n % ST], false);
+            kt::wgmma::commit();
+        };
+        auto issue_pv = [&](int j) {  // O += P_j V_j
+            const int n = ring + j;
+            kt::wait(sh.v_full[n % ST], (n / ST) % 2);
+            kt::wgmma::fence();
+            kt::wgmma::mma_AB(o, p, sh.v[n % ST], true);
+            kt::wgmma::commit();
+        };
+        // S_j is done: K_j, and after the task's last tile Q, are no longer read.
+        auto scores_done = [&](int j) {
+            release(sh.k_empty[(ring + j) % ST]);
+            if (j == t.tiles - 1) release(sh.q_empty[qs]);
+        };
+        // Online softmax of tile j's scores, in place (S becomes P in fp32); returns through
+        // `rescale` the factor O and l must be multiplied by.
+        auto softmax = [&]<bool MASKED>(int j, row_values& rescale) {
+            if constexpr (MASKED) {
+                const int key0 = j * BLOCK_N;
+                kt::mask(s, [&](int r, int c) {
+                    const int key = key0 + c;
+                    return key < g.len_kv && (!CAUSAL || key <= row0 + r);
+                }, kt::neg_infinity());
+            }
+            row_values new_max, shift;
+            kt::row_max(new_max, s, row_max);
+            kt::for_each_slot(rescale, [&](int tt, int i, float& alpha) {
+                const float m_new = new_max.data[tt][i];
+                const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
+                shift.data[tt][i] = empty ? 0.f : m_new * g.scale_log2;
+                alpha = empty ? 1.f : exp2f((row_max.data[tt][i] - m_new) * g.scale_log2);
+            });
+            kt::mul(s, s, g.scale_log2);
+            kt::sub_row(s, s, shift);
+            kt::exp2(s, s);
+            kt::copy(row_max, new_max);
+            kt::mul(row_sum, row_sum, rescale);
+            kt::row_sum_lane_partial(row_sum, s, row_sum);
+        };
+        // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
+        // back; the softmax of S_j runs while the second one does.
+        auto step = [&]<bool MASKED>(int j) {
+            my_turn();
+            issue_scores(j);
+            issue_pv(j - 1);
+            pass_turn();
+            kt::wgmma::wait<1>();  // S_j is done
+            kt::wgmma::fence_operand(s);
+            scores_done(j);
+            row_values rescale;
+            softmax.template operator()<MASKED>(j, rescale);
+            kt::wgmma::wait<0>();  // P_{j-1} V_{j-1} is done: O, P and V_{j-1} are free
+            kt::wgmma::fence_operand(o);
+            kt::wgmma::fence_operand(p);
+            release(sh.v_empty[(ring + j - 1) % ST]);
+            kt::mul_row(o, o, rescale);
+            kt::copy(p, s);
+        };
+
+        kt::wait(sh.q_full[qs], (local / 2) % 2);
+        if (t.tiles > 0) {
+            my_turn();
+            issue_scores(0);
+            pass_turn();
+            kt::wgmma::wait<0>();
+            kt::wgmma::fence_operand(s);
+            scores_done(0);
+            row_values rescale;  // O is still zero: nothing to rescale
+            if (t.unmasked > 0) softmax.template operator()<false>(0, rescale);
+            else softmax.template operator()<true>(0, rescale);
+            kt::copy(p, s);
+            int j = 1;
+            for (; j < t.unmasked; j++) step.template operator()<false>(j);
+            for (; j < t.tiles; j++) step.template operator()<true>(j);
+            my_turn();
+            issue_pv(t.tiles - 1);
+            pass_turn();
+            kt::wgmma::wait<0>();
+            kt::wgmma::fence_operand(o);
+            release(sh.v_empty[(ring + t.tiles - 1) % ST]);
+        } else {
+            release(sh.q_empty[qs]);
+        }
+        ring += t.tiles;
+
+        // Epilogue: O / l into this warpgroup's staging tile, one TMA store (clipped at Lq);
+        // the previous task's store must have finished reading the tile first.
+        kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+        kt::div_row(o, o, row_sum);
+        kt::rt<T, 16, D> o_out;
+        kt::copy(o_out, o);
+        if (issuer) kt::tma::store_wait_read<0>();
+        kt::warpgroup::sync(1 + consumer);
+        kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
+        kt::fence_async_proxy();
+        kt::warpgroup::sync(1 + consumer);
+        if (issuer) {
+            kt::tma::store_async(&g.o_map, sh.o[consumer], kt::coord{t.b, t.h, t.q_block * CONSUMERS + consumer, 0});
+            kt::tma::store_commit();
+        }
+        row_values lse;
+        kt::for_each_slot(lse, [&](int tt, int i, float& x) {
+            x = (row_max.data[tt][i] * g.scale_log2 + __log2f(row_sum.data[tt][i])) * LN2;
+        });
+        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
+        kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, row0 / 16});
     }
     if (consumer == 0) my_turn();  // takes warpgroup 1's last pass: every barrier ends balanced
-
-    // Epilogue: O / l into this warpgroup's staging tile, one TMA store (clipped at Lq).
-    kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
-    kt::div_row(o, o, row_sum);
-    kt::rt<T, 16, D> o_out;
-    kt::copy(o_out, o);
-    kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
-    kt::fence_async_proxy();
-    kt::warpgroup::sync(1 + consumer);
-    if (kt::warpgroup::thread() == 0) {
-        kt::tma::store_async(&g.o_map, sh.o[consumer], kt::coord{b, h, q_block * CONSUMERS + consumer, 0});
-        kt::tma::store_commit();
-    }
-
-    row_values lse;
-    kt::for_each_slot(lse, [&](int t, int i, float& x) {
-        x = (row_max.data[t][i] * g.scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
-    });
-    const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
-    kt::store(lse_rows, lse, kt::coord{b, h, 0, row0 / 16});
-    if (kt::warpgroup::thread() == 0) kt::tma::store_wait<0>();  // the staging tile outlives the store
+    if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
 #endif
 }
 
@@ -279,11 +324,16 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     g.scale_log2 = p.scale * LOG2E;
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
+    static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
     auto kernel = forward_kernel_sm90<T, D, CAUSAL>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-    const int64_t blocks = int64_t(kt::ceil_div(p.len_q, BLOCK_M)) * p.batch * p.heads_q;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    kernel<<<unsigned(blocks), (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, BLOCK_M)) * p.batch * p.heads_q;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    int device = 0, sms = 0;
+    if (cudaError_t e = cudaGetDevice(&device)) return e;
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return e;
+    const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
+    kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();
 }
 
