@@ -2,7 +2,10 @@
 default choice) and any peer package installed, on the configs of anchors.md.
 
 TFLOP/s use the anchors convention: 4 * B * Hq * Lq * Lk * D for the forward pass, halved when
-causal; a fwd+bwd pass (when the backward kernel lands) counts 3.5x the forward.
+causal; a fwd+bwd pass ("fwdbwd": out = attention(q, k, v); out.backward(grad)) counts 3.5x the
+forward (the backward is 2.5x). Our implementations run in strict mode, so where one has no
+backward (the sm80 family: "tk_sm80") its fwdbwd cell is '-' (the reason is in the JSON), never
+a timing of SDPA's backward.
 """
 
 from __future__ import annotations
@@ -22,9 +25,8 @@ from .timing import median_ms
 OURS = "tk"
 REFERENCE = "sdpa_flash"  # FlashAttention-2, the ratio column the anchors quote
 
-# Flop multiplier of each pass relative to the forward. Only "fwd" runs today; adding "fwdbwd"
-# means adding it here and in _pass_callable (inputs with requires_grad, then .backward()).
-PASSES = {"fwd": 1.0}
+# Flop multiplier of each pass relative to the forward (see _pass_callable).
+PASSES = {"fwd": 1.0, "fwdbwd": 3.5}
 
 
 @dataclass(frozen=True)
@@ -149,13 +151,26 @@ def _inputs(cfg: Config, dtype: torch.dtype, layout_blhd: bool):
 def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
     if pass_name == "fwd":
         return lambda: call(q, k, v, cfg)
+    if pass_name == "fwdbwd":
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with torch.no_grad():
+            grad = torch.randn_like(call(*leaves, cfg))
+
+        def forward_backward():
+            for t in leaves:
+                t.grad = None  # fresh gradients each call: no accumulation kernels timed
+            call(*leaves, cfg).backward(grad)
+
+        return forward_backward
     raise ValueError(f"unknown pass {pass_name!r}")
 
 
 def _measure(impl: Impl, pass_name: str, inputs, cfg: Config, quick: bool) -> dict:
     context, call = impl
+    # The forward alone is timed without autograd (inference); fwdbwd needs it.
+    autograd = torch.no_grad() if pass_name == "fwd" else contextlib.nullcontext()
     try:
-        with context(), torch.no_grad():
+        with context(), autograd:
             fn = _pass_callable(pass_name, call, *inputs, cfg)
             ms = median_ms(fn, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
     except Exception as error:  # a peer that cannot run this config: reported, not fatal

@@ -26,7 +26,8 @@ class AttentionStandIn:
     """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
 
     Registered as the CPU implementation of tk::attention_fwd and tk::attention_fwd_sm90 (the
-    two kernel families' ops) while the ``cpu_kernel`` fixture is active, with the path choice
+    two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
+    tk::attention_bwd_sm90, while the ``cpu_kernel`` fixture is active, with the path choice
     told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80). Everything else is the
     real code: argument checks, path choice, operand preparation, the op schema, the fake
     implementation and torch.compile tracing. Calls are recorded so tests can check what the
@@ -50,13 +51,48 @@ class AttentionStandIn:
         return out.to(q.dtype), lse.float()
 
 
+class AttentionBackwardStandIn:
+    """A CPU stand-in for tk::attention_bwd_sm90 (see AttentionStandIn): the float64 reference
+    gradients (reference_attention_grads, dk/dv summed over each GQA group), returned contiguous
+    in the inputs' dtype as the C++ op does. It
+    enforces the op's layout contract on what it is given (what the kernel reads in place) and
+    records each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale):
+        from reference import reference_attention_grads
+        for name, t in (("grad_out", grad_out), ("q", q), ("k", k), ("v", v), ("out", out)):
+            assert t.dim() == 4 and t.dtype == q.dtype, (name, t.shape, t.dtype)
+            if not kernel_readable(t):
+                raise RuntimeError(f"tk::attention_bwd_sm90 stand-in: {name} not readable by the "
+                                   f"kernel: shape {tuple(t.shape)} strides {t.stride()}")
+        assert grad_out.shape == q.shape and out.shape == q.shape, (grad_out.shape, q.shape)
+        assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], (lse.dtype, lse.shape)
+        self.calls.append({"grad_out": grad_out, "q": q, "k": k, "v": v, "out": out, "lse": lse,
+                           "is_causal": is_causal, "scale": scale})
+        grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale)
+        return tuple(g.to(q.dtype).contiguous() for g in grads)
+
+
+def kernel_readable(t):
+    """The attention ops' operand rule (csrc/attention/attention_ops.cpp check_layout): last
+    dim contiguous, other strides of non-size-1 dims multiples of 8 elements, 16-byte aligned."""
+    if t.stride(3) != 1 or t.data_ptr() % 16 != 0:
+        return False
+    return all(t.shape[dim] == 1 or t.stride(dim) % 8 == 0 for dim in range(3))
+
+
 @pytest.fixture
 def cpu_kernel(monkeypatch):
     from thunderkittens._attention import plan
     standin = AttentionStandIn(monkeypatch)
+    standin.backward = AttentionBackwardStandIn()
     library = torch.library.Library("tk", "IMPL")
     library.impl("attention_fwd", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
+    library.impl("attention_bwd_sm90", standin.backward, "CPU")
     monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
     standin.set_capability((9, 0))
     try:

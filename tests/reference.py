@@ -1,5 +1,5 @@
-"""References shared by the CPU and GPU tests: float64 attention, and the C++ tk::matmul's
-operand rule."""
+"""References shared by the CPU and GPU tests: float64 attention and its gradients, and the C++
+tk::matmul's operand rule."""
 
 import torch
 
@@ -21,6 +21,40 @@ def reference_attention(q, k, v, is_causal, scale):
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.softmax(scores, dim=-1) @ v64
     return out, lse
+
+
+def reference_attention_grads(grad_out, q, k, v, is_causal, scale):
+    """(dq, dk, dv) in float64 of reference_attention's out, given grad_out, written out
+    explicitly (no autograd, so it also runs where autograd is off, e.g. inside an op's
+    implementation). dk/dv are summed over each GQA group's query heads, as the repeated k/v
+    heads of reference_attention make autograd do.
+
+    With P = softmax(S), S = scale * q k^T (masked), O = P v:
+    dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dO * O)),
+    dq = scale * dS k, dk = scale * dS^T q.
+    """
+    batch, heads_q, len_q, head_dim = q.shape
+    heads_kv, len_kv = k.shape[1], k.shape[2]
+    ratio = heads_q // heads_kv
+    q64, d_out = q.double(), grad_out.double()
+    k64 = k.double().repeat_interleave(ratio, dim=1)
+    v64 = v.double().repeat_interleave(ratio, dim=1)
+    scores = (q64 @ k64.transpose(-1, -2)) * scale
+    if is_causal:
+        visible = torch.ones(len_q, len_kv, dtype=torch.bool, device=q.device).tril(0)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = probs @ v64
+    dv = probs.transpose(-1, -2) @ d_out
+    d_probs = d_out @ v64.transpose(-1, -2)
+    d_scores = probs * (d_probs - (d_out * out).sum(-1, keepdim=True))
+    dq = (d_scores @ k64) * scale
+    dk = (d_scores.transpose(-1, -2) @ q64) * scale
+
+    def group_sum(t):
+        return t.view(batch, heads_kv, ratio, len_kv, head_dim).sum(2)
+
+    return dq, group_sum(dk), group_sum(dv)
 
 
 def tma_layout(t):

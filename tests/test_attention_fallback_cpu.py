@@ -206,21 +206,56 @@ def test_reason_dropout(cpu_kernel):
 
 
 @pytest.mark.parametrize("which", ["query", "key", "value"])
-def test_reason_requires_grad(cpu_kernel, which):
+def test_requires_grad_takes_the_sm90_kernel(cpu_kernel, which):
     tensors = {name: bf16(2, 4, 16, 64, requires_grad=(name == which))
                for name in ("query", "key", "value")}
-    assert f"{which} requires grad and the backward kernel is not implemented yet" in \
-        reason_of(**tensors)
+    assert str(tk.explain(**tensors)) == ("kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] bf16 "
+                                          "d=64 full + backward tk.attention_bwd_sm90")
     with torch.no_grad():
-        assert tk.explain(**tensors).uses_kernel
-    with torch.inference_mode():
-        assert tk.explain(**tensors).uses_kernel
+        assert str(tk.explain(**tensors)) == "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] bf16 d=64 full"
 
 
-def test_requires_grad_fallback_gives_gradients(cpu_kernel):
+@pytest.mark.parametrize("which", ["query", "key", "value"])
+def test_reason_requires_grad_on_sm80(cpu_kernel, monkeypatch, which):
+    from thunderkittens._attention import families
+    monkeypatch.setattr(families, "has_kernel_image_for", lambda capability: True)  # any build
+    tensors = {name: bf16(2, 4, 16, 64, requires_grad=(name == which))
+               for name in ("query", "key", "value")}
+    cpu_kernel.set_capability((8, 6))  # auto picks sm80, which has no backward
+    assert reason_of(**tensors) == (
+        f"fallback torch SDPA: {which} requires grad and the sm80 kernels have no backward "
+        "(kernels with a backward: sm90); under torch.no_grad() or torch.inference_mode() "
+        "the kernel runs")
+    for no_grad in (torch.no_grad, torch.inference_mode):
+        with no_grad():
+            assert str(tk.explain(**tensors)) == "kernel tk.attention_fwd [sm80 mma.sync] bf16 d=64 full"
+
+
+def test_reason_requires_grad_with_sm80_forced(cpu_kernel):
     q, k, v = (bf16(2, 4, 16, 64, requires_grad=True) for _ in range(3))
-    tk.attention(q, k, v).float().sum().backward()
-    assert not cpu_kernel.calls  # SDPA ran, not the op
+    with tk.use_kernel("sm80"):
+        assert reason_of(q, k, v).startswith(
+            "fallback torch SDPA: kernel sm80 was forced but query requires grad and the sm80 "
+            "kernels have no backward")
+        with torch.no_grad():
+            assert tk.explain(q, k, v).uses_kernel
+        with tk.strict(), pytest.raises(tk.FallbackError, match="sm80 kernels have no backward"):
+            tk.attention(q, k, v)
+
+
+def test_reason_backward_op_not_in_build(cpu_kernel, monkeypatch):
+    monkeypatch.setattr(plan, "BUILT_BACKWARD_OPS", frozenset())
+    q = bf16(2, 4, 16, 64, requires_grad=True)
+    assert "this build of thunderkittens has no tk::attention_bwd_sm90 op" in reason_of(q, q, q)
+    with torch.no_grad():
+        assert tk.explain(q, q, q).uses_kernel
+
+
+def test_requires_grad_fallback_on_sm80_gives_gradients(cpu_kernel):
+    q, k, v = (bf16(2, 4, 16, 64, requires_grad=True) for _ in range(3))
+    with tk.use_kernel("sm80"):
+        tk.attention(q, k, v).float().sum().backward()
+    assert not cpu_kernel.calls and not cpu_kernel.backward.calls  # SDPA ran, not the ops
     assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
 
 

@@ -422,17 +422,20 @@ def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
                                F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
-def test_fallback_requires_grad_and_gradients_flow():
+def test_fallback_requires_grad_on_sm80_and_gradients_flow():
+    # The sm80 family has no backward: calls needing gradients go to SDPA (the sm90 backward is
+    # tested in test_attention_grad_gpu.py).
     seeded("grad")
     q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 4, 100, 100, 64, torch.bfloat16))
-    assert "requires grad" in str(tk.explain(q, k, v))
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    tk.attention(q, k, v, is_causal=True).backward(grad_out)
+    with tk.use_kernel("sm80"):
+        assert "requires grad and the sm80 kernels have no backward" in str(tk.explain(q, k, v))
+        tk.attention(q, k, v, is_causal=True).backward(grad_out)
     ours = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
         t.grad = None
     F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
     for mine, theirs in zip(ours, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(mine, theirs)
-    with torch.no_grad():
+    with torch.no_grad(), tk.use_kernel("sm80"):
         assert tk.explain(q, k, v).uses_kernel

@@ -13,7 +13,8 @@ import torch  # noqa: F401  (must be loaded before the extension: _C links again
 
 from ._version import __version__
 from ._extension import BUILT_ARCHS, BUILT_OPS, build_summary  # loads _C, registers the ops
-from ._attention import fake as _attention_fake  # noqa: F401  (registers the fake impl)
+from ._attention import fake as _attention_fake  # noqa: F401  (registers the fake impls)
+from ._attention import autograd as _attention_autograd  # noqa: F401  (registers the backward)
 from ._attention.api import attention, explain_attention
 from ._attention.explanation import AttentionPlan
 from ._matmul import autograd as _matmul_autograd  # noqa: F401  (registers the autograd formula)

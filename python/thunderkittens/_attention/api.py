@@ -13,7 +13,7 @@ from ..errors import FallbackError
 from .explanation import AttentionPlan
 from .families import FAMILIES
 from .operands import conforms, kernel_operand, to_4d
-from .plan import decide
+from .plan import decide, needs_grad
 from .validate import check_types, check_values
 
 # The op behind each kernel family, resolved once (torch.ops lookups are not free).
@@ -42,8 +42,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Scaled dot-product attention with the contract of F.scaled_dot_product_attention.
 
     query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev) -> (..., Hq, L, Ev).
-    Runs our kernel for CUDA bf16/fp16 inputs with E == Ev in {64, 128}, no mask, no dropout
-    and no gradient required (sm_80 or newer GPU); everything else is computed by
+    Runs our kernel for CUDA bf16/fp16 inputs with E == Ev in {64, 128}, no mask and no
+    dropout (sm_80 or newer GPU); when query/key/value require grad, only on Hopper (sm_90),
+    whose kernel family has a backward: out.backward() then runs tk::attention_bwd_sm90 (other
+    GPUs compute such calls with SDPA). Everything else is computed by
     F.scaled_dot_product_attention (see thunderkittens.explain for which path a call takes, and
     thunderkittens.strict to make a fallback an error). ``is_causal`` masks top-left aligned
     (query i sees keys j <= i), as SDPA does. With enable_gqa, key/value are used with their own
@@ -99,7 +101,9 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         kernel_description=family.description if family else None,
         op=f"tk.{family.op_name}" if family else None,
         dtype=query.dtype, head_dim=int(query.shape[-1]),
-        causal=is_causal, gqa_ratio=gqa, copies=copies, strict=_config.strict_enabled())
+        causal=is_causal, gqa_ratio=gqa, copies=copies, strict=_config.strict_enabled(),
+        backward_op=(f"tk.{family.backward_op_name}"
+                     if family is not None and needs_grad(query, key, value) else None))
 
 
 def _is_view_that_conforms(t: torch.Tensor) -> bool:

@@ -22,6 +22,7 @@ class AttentionPlan:
     gqa_ratio: int
     copies: tuple[str, ...]         # inputs that get a .contiguous() copy on the kernel path
     strict: bool                    # strict mode: a fallback would raise FallbackError
+    backward_op: str | None = None  # e.g. "tk.attention_bwd_sm90" when gradients are needed
 
     def __str__(self) -> str:
         if not self.uses_kernel:
@@ -32,6 +33,8 @@ class AttentionPlan:
                  "causal" if self.causal else "full"]
         if self.gqa_ratio > 1:
             parts.append(f"gqa={self.gqa_ratio}")
+        if self.backward_op:
+            parts.append(f"+ backward {self.backward_op}")
         if self.copies:
             parts.append(f"(copies {', '.join(self.copies)} with .contiguous())")
         return " ".join(parts)

@@ -1,9 +1,11 @@
 """The attention kernel families, in the order ``auto`` prefers them.
 
 A family is one kernel implementation strategy with its own hardware needs:
-``sm90``, the TMA + wgmma + warp-specialised kernel, needs exactly sm_90 (Hopper) and a 90a
-build; ``sm80``, the mma.sync + cp.async kernel, runs on every GPU from sm_80 on (Hopper too,
-when forced with ``use_kernel("sm80")``). ``auto`` picks the first that can run.
+``sm90``, the TMA + wgmma + warp-specialised kernels (forward and backward), needs exactly
+sm_90 (Hopper) and a 90a build; ``sm80``, the mma.sync + cp.async forward kernel, runs on every
+GPU from sm_80 on (Hopper too, when forced with ``use_kernel("sm80")``) and has no backward, so
+calls that need gradients go to SDPA when it is the family picked. ``auto`` picks the first
+that can run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class KernelFamily:
     op_name: str                    # the torch.ops.tk op that runs it
     min_capability: tuple[int, int]
     exact_capability: tuple[int, int] | None = None  # arch-specific code (sm_90a) runs only there
+    backward_op_name: str | None = None  # the torch.ops.tk op of its backward pass, if it has one
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward_op_name is not None
 
     def unavailable_reason(self, capability: tuple[int, int]) -> str | None:
         """Why this family cannot run on a GPU of ``capability``, or None if it can."""
@@ -41,7 +48,8 @@ class KernelFamily:
 
 
 SM90 = KernelFamily(name="sm90", description="sm90 wgmma+tma", op_name="attention_fwd_sm90",
-                    min_capability=(9, 0), exact_capability=(9, 0))
+                    min_capability=(9, 0), exact_capability=(9, 0),
+                    backward_op_name="attention_bwd_sm90")
 SM80 = KernelFamily(name="sm80", description="sm80 mma.sync", op_name="attention_fwd",
                     min_capability=(8, 0))
 

@@ -7,7 +7,8 @@ and the data pointer is 16-byte aligned. Anything else gets one documented conti
 replaces them with well-formed values).
 
 Under torch.compile the data pointer is unknown while tracing (and dynamo cannot trace
-storage_offset()), so only the strides are checked there; a view starting at an address that
+storage_offset()), so only the strides are checked there (and for traced tensors without a
+data pointer, such as the gradient a traced backward gets); a view starting at an address that
 is not 16-byte aligned (e.g. ``x[..., 3:67]``) then makes the op raise instead of being copied.
 """
 
@@ -27,7 +28,12 @@ def to_4d(t: torch.Tensor) -> torch.Tensor:
 def _is_aligned(t: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():
         return True  # see the module docstring; the C++ op checks the real pointer
-    return t.data_ptr() % 16 == 0
+    try:
+        return t.data_ptr() % 16 == 0
+    except RuntimeError:
+        # A tensor with no data pointer yet (FakeTensor / FunctionalTensor while AOTAutograd or
+        # opcheck traces the backward): as under torch.compile, the C++ op checks the real one.
+        return True
 
 
 def conforms(t: torch.Tensor) -> bool:

@@ -21,6 +21,22 @@ KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 KERNEL_HEAD_DIMS = (64, 128)
 
 
+def _built_backward_ops() -> frozenset[str]:
+    """The backward ops this extension defines (an extension built before one existed lacks it:
+    then calls needing gradients fall back, with a reason, instead of failing in backward())."""
+    names = set()
+    for family in FAMILIES:
+        if family.backward_op_name is not None and hasattr(torch.ops.tk, family.backward_op_name):
+            names.add(family.backward_op_name)
+    return frozenset(names)
+
+
+BUILT_BACKWARD_OPS: frozenset[str] = _built_backward_ops()
+# For the fallback reason; made here, not in the traced path (torch 2.11's dynamo failed on
+# generators over module constants there).
+_WITH_BACKWARD = ", ".join([family.name for family in FAMILIES if family.has_backward])
+
+
 def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None) -> str | None:
     """Why the call is outside what any attention kernel supports, or None."""
     if query.device.type != KERNEL_DEVICE_TYPE:
@@ -41,11 +57,6 @@ def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None)
         # The kernel takes the running max of raw scores, which is only the max of the
         # scaled scores for a positive scale.
         return f"scale {scale} <= 0 is not supported by the kernel (positive scales only)"
-    if torch.is_grad_enabled():
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if t.requires_grad:
-                return (f"{name} requires grad and the backward kernel is not implemented yet "
-                        "(under torch.no_grad() or torch.inference_mode() the kernel runs)")
     if "attention" not in BUILT_OPS:
         return ("the attention op family was not compiled into this build (families built: "
                 f"{','.join(sorted(BUILT_OPS)) or 'none'}); rebuild with TK_OPS unset")
@@ -71,9 +82,55 @@ def choose_family(device: torch.device) -> tuple[KernelFamily | None, str | None
     return None, "; ".join(reasons)
 
 
+def needs_grad(query, key, value) -> bool:
+    """Whether autograd will want gradients of query, key or value from this call."""
+    return _name_requiring_grad(query, key, value) is not None
+
+
+def _name_requiring_grad(query, key, value) -> str | None:
+    """The first of query/key/value that autograd will want a gradient for, or None."""
+    if not torch.is_grad_enabled():
+        return None
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.requires_grad:
+            return name
+    return None
+
+
+def _backward_op_built(family: KernelFamily) -> bool:
+    return family.backward_op_name in BUILT_BACKWARD_OPS
+
+
+def backward_fallback_reason(family: KernelFamily, query, key, value) -> str | None:
+    """Why the call cannot run on ``family`` when a gradient is needed, or None.
+
+    Only the sm90 family has a backward kernel; with sm80 (auto on a non-Hopper GPU, or forced)
+    a call that needs gradients goes to SDPA, so training works everywhere."""
+    name = _name_requiring_grad(query, key, value)
+    if name is None:
+        return None
+    forced = _config.kernel_choice("attention") != "auto"
+    prefix = f"kernel {family.name} was forced but " if forced else ""
+    if not family.has_backward:
+        return (f"{prefix}{name} requires grad and the {family.name} kernels have no backward "
+                f"(kernels with a backward: {_WITH_BACKWARD}); under torch.no_grad() or "
+                "torch.inference_mode() the kernel runs")
+    if not _backward_op_built(family):
+        return (f"{prefix}{name} requires grad and this build of thunderkittens has no "
+                f"tk::{family.backward_op_name} op (built before the backward kernel); "
+                "rebuild with: pip install --no-build-isolation .")
+    return None
+
+
 def decide(query, key, value, attn_mask, dropout_p, scale=None) -> tuple[KernelFamily | None, str | None]:
     """(family, None) for the kernel path, (None, reason) for the SDPA fallback."""
     reason = feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale)
     if reason is not None:
         return None, reason
-    return choose_family(query.device)
+    family, reason = choose_family(query.device)
+    if family is None:
+        return None, reason
+    reason = backward_fallback_reason(family, query, key, value)
+    if reason is not None:
+        return None, reason
+    return family, None

@@ -1,0 +1,471 @@
+"""Gradients of tk.attention on a Hopper GPU, through tk::attention_fwd_sm90's registered
+autograd formula and tk::attention_bwd_sm90: dq, dk, dv against a float64 reference held to
+PyTorch's own error (DESIGN.md section 6) over dtypes, head dims, causal/full, GQA ratios and odd
+or unequal lengths; unwritten gradient memory; the public API's views; opcheck; torch.compile of
+forward + backward; CUDA-graph capture of forward + backward; and a tiny transformer trained
+with tk.attention against the same model trained with SDPA.
+
+Tolerance: with ``ref`` the float64 gradient (tests/reference.py) on the same bf16/fp16 inputs
+and grad_out, the max-abs error of each of our gradients must be <= ERROR_FACTOR * (max-abs
+error of F.scaled_dot_product_attention's backward, default backend, on the same inputs) +
+GRAD_SLACK * max|ref| + ABS_FLOOR (the slack only matters where SDPA's error is near zero).
+
+Only the sm90 family has a backward, so these tests run only on an sm_90 GPU with a 90a build;
+elsewhere calls needing gradients go to SDPA (test_attention_gpu.py checks that fallback).
+"""
+
+import copy
+import math
+import zlib
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import thunderkittens as tk
+from reference import reference_attention_grads
+
+pytestmark = pytest.mark.gpu
+
+ERROR_FACTOR = 2.0
+GRAD_SLACK = 1e-3
+ABS_FLOOR = 1e-4
+
+forward_op = None
+backward_op = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sm90_backward_must_run_here():
+    global forward_op, backward_op
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the attention backward kernel needs an sm_90 (Hopper) GPU")
+    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with tk.use_kernel("sm90"):
+        plan = tk.explain(q, q, q)
+    if not plan.uses_kernel:
+        pytest.skip(f"sm90 forward+backward unavailable here: {plan.reason}")
+    forward_op = torch.ops.tk.attention_fwd_sm90
+    backward_op = torch.ops.tk.attention_bwd_sm90
+
+
+def seeded(*key):
+    torch.manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def randn(shape, dtype, device="cuda"):
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype):
+    return (randn((batch, heads_q, len_q, head_dim), dtype),
+            randn((batch, heads_kv, len_kv, head_dim), dtype),
+            randn((batch, heads_kv, len_kv, head_dim), dtype))
+
+
+def sdpa_grads(q, k, v, grad_out, causal, scale):
+    """PyTorch's own gradients (default SDPA backend) on the same inputs: the yardstick."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    out.backward(grad_out)
+    return tuple(t.grad for t in leaves)
+
+
+def assert_grads_close(grads, q, k, v, grad_out, causal, scale):
+    """(dq, dk, dv) against the float64 reference, each within SDPA's own error."""
+    refs = reference_attention_grads(grad_out, q, k, v, causal, scale)
+    theirs = sdpa_grads(q, k, v, grad_out, causal, scale)
+    names = ("dq", "dk", "dv")
+    for name, ours, ref, torch_grad, like in zip(names, grads, refs, theirs, (q, k, v)):
+        assert ours.shape == like.shape and ours.dtype == like.dtype, \
+            f"{name}: {tuple(ours.shape)} {ours.dtype}, expected {tuple(like.shape)} {like.dtype}"
+        assert torch.isfinite(ours).all(), f"{name} has NaN/inf"
+        err = (ours.double() - ref).abs().max().item()
+        err_torch = (torch_grad.double() - ref).abs().max().item()
+        bound = ERROR_FACTOR * err_torch + GRAD_SLACK * ref.abs().max().item() + ABS_FLOOR
+        assert err <= bound, \
+            f"{name}: max abs error {err:.3e} vs torch SDPA {err_torch:.3e} (bound {bound:.3e})"
+    del refs, theirs
+
+
+def op_grads(q, k, v, grad_out, causal, scale):
+    out, lse = forward_op(q, k, v, causal, scale)
+    return backward_op(grad_out, q, k, v, out, lse, causal, scale)
+
+
+# ---- correctness over the parameter space --------------------------------------------------
+
+SMALL_LENGTHS = [(1, 1), (17, 17), (127, 127), (128, 128), (1000, 1000), (17, 1000), (1000, 17)]
+LONG_LENGTHS = [(4097, 4097)]
+DTYPES = [torch.bfloat16, torch.float16]
+HEAD_DIMS = [64, 128]
+GQA_RATIOS = [1, 4, 8]
+
+
+def _cases():
+    cases = []
+    for len_q, len_kv in SMALL_LENGTHS:  # full cross product
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    for ratio in GQA_RATIOS:
+                        cases.append((len_q, len_kv, dtype, head_dim, causal, ratio))
+    index = 0
+    for len_q, len_kv in LONG_LENGTHS:  # every dtype/head dim/causal, GQA ratios rotated
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    cases.append((len_q, len_kv, dtype, head_dim, causal,
+                                  GQA_RATIOS[index % len(GQA_RATIOS)]))
+                    index += 1
+    return cases
+
+
+def _case_id(case):
+    len_q, len_kv, dtype, head_dim, causal, ratio = case
+    return (f"lq{len_q}-lk{len_kv}-{str(dtype).removeprefix('torch.')}-d{head_dim}-"
+            f"{'causal' if causal else 'full'}-gqa{ratio}")
+
+
+@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+def test_gradients_match_reference(case):
+    len_q, len_kv, dtype, head_dim, causal, ratio = case
+    seeded("grad", case)
+    batch = 1 if max(len_q, len_kv) > 2048 else 2
+    heads_kv = 2
+    q, k, v = make_qkv(batch, heads_kv * ratio, heads_kv, len_q, len_kv, head_dim, dtype)
+    grad_out = randn(q.shape, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    grads = op_grads(q, k, v, grad_out, causal, scale)
+    for grad, like in zip(grads, (q, k, v)):
+        assert grad.is_contiguous() and grad.device == like.device
+    assert_grads_close(grads, q, k, v, grad_out, causal, scale)
+
+
+def test_gradients_with_explicit_scale():
+    seeded("scale")
+    q, k, v = make_qkv(2, 8, 2, 300, 333, 128, torch.bfloat16)
+    grad_out = randn(q.shape, torch.bfloat16)
+    for scale in (0.05, 0.3, 2.0):
+        for causal in (False, True):
+            assert_grads_close(op_grads(q, k, v, grad_out, causal, scale), q, k, v, grad_out,
+                               causal, scale)
+
+
+def _fill_cache_with_nan(nbytes):
+    """Best effort: release the allocator's cached blocks, then leave one free block of at least
+    ``nbytes`` (whole 2 MiB pages, so it is the whole segment) filled with NaN, from which the
+    next large allocations are likely carved."""
+    nbytes = -(-nbytes // (2 << 20)) * (2 << 20)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    poison = torch.full((nbytes // 4,), math.nan, dtype=torch.float32, device="cuda")
+    del poison
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shapes", [
+    ((2, 8, 1000, 128), (2, 2, 1500, 128)),   # GQA 4, Lk not a multiple of the tile
+    ((1, 4, 333, 64), (1, 4, 4097, 64)),
+    ((1, 16, 4097, 64), (1, 2, 4100, 64)),    # GQA 8, Lq > Lk
+])
+def test_gradients_are_fully_written(shapes, causal):
+    """dk and dv are uninitialised allocations, made where the allocator just held NaN (or the
+    op's own temporaries): an element the kernel forgets to write stays NaN (caught by the
+    isfinite check) or stale (caught by the reference comparison). dq goes through a zeroed fp32
+    accumulator, so a missed dq contribution shows in the reference comparison."""
+    seeded("poison", shapes, causal)
+    q_shape, kv_shape = shapes
+    q = randn(q_shape, torch.bfloat16)
+    k, v = randn(kv_shape, torch.bfloat16), randn(kv_shape, torch.bfloat16)
+    grad_out = randn(q_shape, torch.bfloat16)
+    scale = 1 / math.sqrt(q_shape[-1])
+    out, lse = forward_op(q, k, v, causal, scale)
+    _fill_cache_with_nan(4 * sum(math.prod(s) * 4 for s in (q_shape, kv_shape, kv_shape)))
+    dq, dk, dv = backward_op(grad_out, q, k, v, out, lse, causal, scale)
+    for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(grad).all(), f"{name} has NaN/inf (unwritten elements?)"
+    assert_grads_close((dq, dk, dv), q, k, v, grad_out, causal, scale)
+
+
+@pytest.mark.parametrize("shape_q, shape_kv, causal", [
+    ((1, 70000, 16, 64), (1, 70000, 16, 64), False),
+    ((70000, 1, 16, 64), (70000, 1, 16, 64), True),
+])
+def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal):
+    seeded("large-bh", shape_q, causal)
+    q = randn(shape_q, torch.bfloat16)
+    k, v = randn(shape_kv, torch.bfloat16), randn(shape_kv, torch.bfloat16)
+    grad_out = randn(shape_q, torch.bfloat16)
+    assert_grads_close(op_grads(q, k, v, grad_out, causal, 0.125), q, k, v, grad_out, causal,
+                       0.125)
+
+
+# ---- the public API: autograd through the views tk.attention makes ---------------------------
+
+
+def test_public_api_uses_the_backward_kernel():
+    seeded("public")
+    b, l, hq, hkv, d = 2, 300, 8, 2, 128
+    # (B, L, H, D) leaves viewed as (B, H, L, D), as a model's projections give them.
+    leaves = [randn((b, l, h, d), torch.bfloat16).requires_grad_() for h in (hq, hkv, hkv)]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    plan = tk.explain(q, k, v, is_causal=True, enable_gqa=True)
+    assert str(plan) == ("kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] bf16 d=128 causal gqa=4 "
+                         "+ backward tk.attention_bwd_sm90"), str(plan)
+    grad_out = randn((b, hq, l, d), torch.bfloat16)
+    with tk.strict():
+        out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.backward(grad_out)
+    grads = tuple(t.grad.transpose(1, 2) for t in leaves)
+    assert_grads_close(grads, q.detach(), k.detach(), v.detach(), grad_out, True, 1 / math.sqrt(d))
+
+
+def test_public_api_rank3_and_rank5_and_copied_inputs():
+    seeded("ranks")
+    q3, k3, v3 = (randn((6, 129, 64), torch.bfloat16).requires_grad_() for _ in range(3))
+    with tk.strict():
+        tk.attention(q3, k3, v3, is_causal=True).float().pow(2).sum().backward()
+    for t in (q3, k3, v3):
+        assert t.grad.shape == (6, 129, 64) and torch.isfinite(t.grad).all()
+
+    q5 = randn((2, 3, 8, 65, 128), torch.float16).requires_grad_()
+    k5, v5 = (randn((2, 3, 2, 70, 128), torch.float16).requires_grad_() for _ in range(2))
+    grad_out = randn((2, 3, 8, 65, 128), torch.float16)
+    with tk.strict():
+        tk.attention(q5, k5, v5, enable_gqa=True).backward(grad_out)
+    assert_grads_close((q5.grad.flatten(0, 1), k5.grad.flatten(0, 1), v5.grad.flatten(0, 1)),
+                       q5.detach().flatten(0, 1), k5.detach().flatten(0, 1),
+                       v5.detach().flatten(0, 1), grad_out.flatten(0, 1), False, 1 / math.sqrt(128))
+
+    # Row stride 67: copied for the kernel; the gradient flows back through the copy and slice.
+    leaf = randn((2, 4, 257, 67), torch.bfloat16).requires_grad_()
+    q = leaf[..., :64]
+    k, v = (randn((2, 4, 257, 64), torch.bfloat16).requires_grad_() for _ in range(2))
+    grad_out = randn((2, 4, 257, 64), torch.bfloat16)
+    with tk.strict():
+        tk.attention(q, k, v, is_causal=True).backward(grad_out)
+    assert torch.all(leaf.grad[..., 64:] == 0)
+    assert_grads_close((leaf.grad[..., :64], k.grad, v.grad), q.detach(), k.detach(), v.detach(),
+                       grad_out, True, 0.125)
+
+
+def test_expanded_grad_out_is_made_readable():
+    # out.sum() gives an expanded (stride 0) gradient, which the kernel cannot read in place.
+    seeded("sum")
+    q, k, v = (randn((2, 4, 200, 64), torch.bfloat16).requires_grad_() for _ in range(3))
+    with tk.strict():
+        tk.attention(q, k, v).sum().backward()
+    assert_grads_close((q.grad, k.grad, v.grad), q.detach(), k.detach(), v.detach(),
+                       torch.ones_like(q), False, 0.125)
+
+
+# ---- opcheck, the op's checks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shapes", [
+    ((2, 8, 129, 64), (2, 2, 77, 64)),
+    ((1, 4, 1, 128), (1, 4, 300, 128)),
+])
+def test_opcheck_backward(shapes):
+    seeded("opcheck", shapes)
+    q = randn(shapes[0], torch.bfloat16)
+    k, v = randn(shapes[1], torch.bfloat16), randn(shapes[1], torch.bfloat16)
+    for causal, scale in ((True, 0.125), (False, 0.3)):
+        out, lse = forward_op(q, k, v, causal, scale)
+        grad_out = randn(shapes[0], torch.bfloat16)
+        torch.library.opcheck(backward_op.default, (grad_out, q, k, v, out, lse, causal, scale))
+    # transposed (B, L, H, D) memory for q and grad_out
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    out, lse = forward_op(qt, k, v, True, 0.125)
+    grad_out = randn(shapes[0][:1] + shapes[0][2:3] + shapes[0][1:2] + shapes[0][3:],
+                     torch.bfloat16).transpose(1, 2)
+    torch.library.opcheck(backward_op.default, (grad_out, qt, k, v, out, lse, True, 0.125))
+
+
+def test_opcheck_forward_autograd():
+    seeded("opcheck-fwd")
+    q = randn((2, 8, 129, 64), torch.bfloat16).requires_grad_()
+    k, v = (randn((2, 2, 77, 64), torch.bfloat16).requires_grad_() for _ in range(2))
+    torch.library.opcheck(forward_op.default, (q, k, v, True, 0.125))
+
+
+def _bwd_direct(**changes):
+    q, k, v = make_qkv(1, 4, 4, 32, 32, 64, torch.bfloat16)
+    out, lse = forward_op(q, k, v, False, 0.125)
+    args = {"grad_out": randn(q.shape, torch.bfloat16), "q": q, "k": k, "v": v, "out": out,
+            "lse": lse}
+    args.update({name: make(args) for name, make in changes.items()})
+    return backward_op(args["grad_out"], args["q"], args["k"], args["v"], args["out"],
+                       args["lse"], False, 0.125)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"grad_out": lambda a: randn((1, 4, 64, 32), torch.bfloat16).transpose(-1, -2)},
+     "grad_out must have a contiguous last dimension"),
+    ({"lse": lambda a: a["lse"].half()}, "lse must be the forward's float32"),
+    ({"grad_out": lambda a: randn((1, 4, 31, 64), torch.bfloat16)}, "must have q's shape"),
+    ({"k": lambda a: randn((1, 4, 32, 64), torch.float16)}, "k has dtype"),
+], ids=["grad_out-layout", "lse-dtype", "grad_out-shape", "k-dtype"])
+def test_backward_op_rejects_bad_inputs(changes, message):
+    with pytest.raises(RuntimeError, match=message):
+        _bwd_direct(**changes)
+
+
+# ---- torch.compile, CUDA graphs --------------------------------------------------------------
+
+
+def test_torch_compile_forward_backward_matches_eager():
+    torch._dynamo.reset()
+    seeded("compile")
+    w = randn((2, 8, 1000, 128), torch.float32)
+
+    def loss_fn(q, k, v):
+        out = tk.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                           is_causal=True, enable_gqa=True)
+        return (out.float() * w).sum()
+
+    leaves = [randn((2, 1000, h, 128), torch.bfloat16).requires_grad_() for h in (8, 2, 2)]
+    results = []
+    with tk.strict():
+        for fn in (loss_fn, torch.compile(loss_fn, fullgraph=True)):
+            for t in leaves:
+                t.grad = None
+            loss = fn(*leaves)
+            loss.backward()
+            results.append((loss.detach(), [t.grad.clone() for t in leaves]))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-3, atol=1e-2)  # sum order
+    for ours, eager in zip(compiled_grads, eager_grads):
+        assert torch.isfinite(ours).all()
+        # dq may be accumulated in a different order from run to run: allow one bf16 rounding.
+        torch.testing.assert_close(ours, eager, rtol=1e-2, atol=1e-2 * eager.abs().max().item())
+
+
+def test_cuda_graph_capture_and_replay_forward_backward():
+    seeded("graph")
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 8, 2, 777, 777, 128, torch.float16))
+    grad_out = randn(q.shape, torch.float16)
+
+    def step():
+        out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.backward(grad_out)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), tk.strict():
+        for _ in range(2):  # warm-up outside the capture
+            for t in (q, k, v):
+                t.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in (q, k, v):
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), tk.strict():
+        static_out = step()
+    static_grads = (q.grad, k.grad, v.grad)
+
+    for _ in range(3):
+        with torch.no_grad():
+            for t in (q, k, v, grad_out):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(static_out).all()
+        qe, ke, ve = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        with tk.strict():
+            eager = tk.attention(qe, ke, ve, is_causal=True, enable_gqa=True)
+        eager.backward(grad_out)
+        assert torch.equal(static_out, eager.detach())
+        for ours, theirs in zip(static_grads, (qe.grad, ke.grad, ve.grad)):
+            torch.testing.assert_close(ours, theirs, rtol=1e-2,
+                                       atol=1e-2 * theirs.abs().max().item())
+        assert_grads_close(static_grads, q.detach(), k.detach(), v.detach(), grad_out, True,
+                           1 / math.sqrt(128))
+
+
+# ---- end to end: a tiny transformer trained with tk.attention vs SDPA ------------------------
+
+
+def _tk_attention(q, k, v):
+    with tk.strict():  # the kernels (forward and backward), never a silent SDPA fallback
+        return tk.attention(q, k, v, is_causal=True)
+
+
+def _sdpa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
+                                 nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x, attention):
+        b, l, d = x.shape
+        qkv = self.qkv(self.norm1(x)).view(b, l, 3, self.heads, d // self.heads)
+        # (B, H, L, Dh) views into the projection's output: strided, read in place.
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+        o = attention(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, l, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab=512, d_model=256, heads=4, layers=2, max_len=256):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.position = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, tokens, attention):
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x, attention)
+        return self.head(self.norm(x))
+
+
+def _train(model, attention, tokens, steps):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1], attention)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                               tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_tiny_transformer_trains_like_sdpa():
+    seeded("e2e")
+    vocab, seq, batch, steps = 512, 256, 4, 20
+    model_tk = TinyTransformer(vocab=vocab, max_len=seq).cuda()
+    model_sdpa = copy.deepcopy(model_tk)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+    losses_tk = _train(model_tk, _tk_attention, tokens, steps)
+    losses_sdpa = _train(model_sdpa, _sdpa_attention, tokens, steps)
+    for step, (ours, theirs) in enumerate(zip(losses_tk, losses_sdpa)):
+        assert math.isfinite(ours), f"step {step}: loss {ours}"
+        assert abs(ours - theirs) <= 2e-2 * theirs, \
+            f"step {step}: loss {ours:.4f} with tk.attention vs {theirs:.4f} with SDPA\n" \
+            f"tk:   {[round(x, 4) for x in losses_tk]}\nsdpa: {[round(x, 4) for x in losses_sdpa]}"
+    for losses in (losses_tk, losses_sdpa):
+        assert losses[-1] < 0.9 * losses[0], losses
