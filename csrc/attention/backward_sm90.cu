@@ -11,9 +11,11 @@
 //   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query)
 //   dS^T = P^T (dP^T - delta)
 //   dV  += P^T dO_i,  dK += dS^T Q_i                  wgmma, A = P^T / dS^T from registers
-//   dQ_i += dS K                                      one warpgroup (alternating), from dS^T
-//                                                     in shared memory; TMA reduce-add into
-//                                                     an fp32 accumulator in global memory
+//   dQ_i += dS K                                      each warpgroup over its own 64 keys,
+//                                                     from dS^T in shared memory; TMA
+//                                                     reduce-add into an fp32 accumulator
+// The warpgroups never wait for each other, so one's elementwise work overlaps the other's
+// products.
 // At the end dK is scaled by `scale` and both are stored (rows past Lk skipped); the op layer
 // scales and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS
 // only multiply those zero rows (dQ) or land in rows that are never stored (dK, dV), so only
@@ -41,12 +43,12 @@ template <typename T, int D>
 struct Shared {
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using q_tile = kt::st<T, BLOCK_M, D>;
-    using ds_tile = kt::st<T, BLOCK_N, BLOCK_M>;  // dS^T: keys x queries
+    using ds_tile = kt::st<T, 64, BLOCK_M>;  // a warpgroup's dS^T: its 64 keys x the queries
     using dq_tile = kt::st<float, BLOCK_M, D>;
     kv_tile k, v;
     q_tile q[STAGES], dout[STAGES];
-    ds_tile ds[2];             // by step parity: one is read by the dQ product while the next is written
-    dq_tile dq[CONSUMERS];     // each warpgroup's own staging for its TMA reduce-adds
+    ds_tile ds[CONSUMERS];     // each warpgroup's dS^T, the A operand of its dQ product
+    dq_tile dq[CONSUMERS];     // each warpgroup's staging for its TMA reduce-adds
     kt::semaphore kv_full, in_full[STAGES], in_empty[STAGES];
 };
 
@@ -127,7 +129,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     kt::zero(dk);
     kt::zero(dv);
     kt::rt<T, 16, BLOCK_M> p_t, ds_t;  // register A operands of the dV / dK products
-    constexpr int BOTH = CONSUMERS * 4 * kt::WARP_THREADS;
 
     auto step_body = [&]<bool MASKED>(int step) {
         const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
@@ -163,38 +164,32 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::mma_AB(dk, ds_t, sh.q[s], true);
         kt::wgmma::commit();
 
-        // dS^T of both warpgroups into shared memory; one warpgroup (alternating) forms dQ_i.
-        auto& ds_smem = sh.ds[step % 2];
-        kt::store(kt::subtile<16, BLOCK_M>(ds_smem, consumer * 4 + warp, 0), ds_t);
+        // dQ_i += dS K over this warpgroup's keys: dS^T through shared memory (wgmma reads a
+        // transposed A only from there), the partial dQ through the staging tile into a TMA
+        // reduce-add.
+        auto& ds_smem = sh.ds[consumer];
+        kt::store(kt::subtile<16, BLOCK_M>(ds_smem, warp, 0), ds_t);
         kt::fence_async_proxy();
-        kt::warpgroup::sync_with<BOTH>(3);
-        if (step % CONSUMERS == consumer) {
-            kt::rt_fl<16, D> dq;
-            kt::wgmma::fence();
-            kt::wgmma::mma_AtB(dq, ds_smem, sh.k, false);
-            kt::wgmma::commit();
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(dq);
-            kt::wgmma::fence_operand(p_t);
-            kt::wgmma::fence_operand(ds_t);
-            kt::wgmma::fence_operand(dk);
-            kt::wgmma::fence_operand(dv);
-            const bool issuer = kt::warpgroup::thread() == 0;
-            if (issuer) kt::tma::store_wait_read<0>();  // this warpgroup's last reduce-add has read its staging
-            kt::warpgroup::sync(1 + consumer);
-            kt::store(kt::subtile<16, D>(sh.dq[consumer], warp, 0), dq);
-            kt::fence_async_proxy();
-            kt::warpgroup::sync(1 + consumer);
-            if (issuer) {
-                kt::tma::store_add_async(&g.dq_map, sh.dq[consumer], kt::coord{b, h, i, 0});
-                kt::tma::store_commit();
-            }
-        } else {
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(p_t);
-            kt::wgmma::fence_operand(ds_t);
-            kt::wgmma::fence_operand(dk);
-            kt::wgmma::fence_operand(dv);
+        kt::warpgroup::sync(1 + consumer);
+        kt::rt_fl<16, D> dq;
+        kt::wgmma::fence();
+        kt::wgmma::mma_AtB(dq, ds_smem, k_mine, false);
+        kt::wgmma::commit();
+        kt::wgmma::wait<0>();  // dV, dK and dQ products done: p_t, ds_t and dS^T are free
+        kt::wgmma::fence_operand(dq);
+        kt::wgmma::fence_operand(p_t);
+        kt::wgmma::fence_operand(ds_t);
+        kt::wgmma::fence_operand(dk);
+        kt::wgmma::fence_operand(dv);
+        const bool issuer = kt::warpgroup::thread() == 0;
+        if (issuer) kt::tma::store_wait_read<0>();  // the last reduce-add has read the staging tile
+        kt::warpgroup::sync(1 + consumer);
+        kt::store(kt::subtile<16, D>(sh.dq[consumer], warp, 0), dq);
+        kt::fence_async_proxy();
+        kt::warpgroup::sync(1 + consumer);
+        if (issuer) {
+            kt::tma::store_add_async(&g.dq_map, sh.dq[consumer], kt::coord{b, h, i, 0});
+            kt::tma::store_commit();
         }
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i, dO_i and the statistics are read

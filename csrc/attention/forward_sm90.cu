@@ -1,24 +1,23 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma + warp specialisation.
 //
-// A task is BLOCK_M = 128 query rows of one (batch, head); a persistent grid of one block per
-// SM walks the tasks. Warpgroup 2 is the producer: one thread TMA-loads each task's Q (two
+// A task is BLOCK_M = 128 (d128) or 192 (d64) query rows of one (batch, head); a persistent
+// grid of one block per SM walks the tasks. The last warpgroup is the producer: one thread TMA-loads each task's Q (two
 // buffers, so the next task's Q lands during this one) and K and V tiles of BLOCK_N = 128
 // keys into a ring of stages (K and V on separate semaphores, so scores can start before V
 // lands), running ahead into the next task while the consumers finish the current one.
-// Warpgroups 0 and 1 are consumers, 64 query rows each, with the registers the producer
+// The other warpgroups are consumers, 64 query rows each, with the registers the producer
 // gave up (setmaxnreg). Per key tile j a consumer runs
 //   S_j = Q K_j^T                 wgmma, A = Q and B = K from shared memory
 //   online softmax of S_j         in registers, base 2 (as in forward_sm80.cu)
 //   O = O * alpha + P_j V_j       wgmma, A = P from registers, B = V from shared memory
 // in the order S_j, then P_{j-1} V_{j-1} (both issued back to back), then the softmax of
-// S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; with two consumer warpgroups
-// the tensor cores also interleave one warpgroup's products with the other's softmax. The
-// stage of tile j-1 is released once P_{j-1} V_{j-1} has finished reading it. Masked and unmasked tiles are separate instantiations (as in the
-// sm80 kernel); partial tiles need no padding: TMA zero-fills rows past the sequence end,
-// their scores are masked, and the O store clips rows past Lq.
-//
-// The key-visibility rule is key <= query + diagonal (causal) with diagonal 0 for SDPA's
-// top-left aligned is_causal; keys >= Lk are never visible.
+// S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; the consumer warpgroups take
+// turns issuing, so the tensor cores interleave one's products with another's softmax.
+// K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
+// unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
+// padding: TMA zero-fills rows past the sequence end, their scores are masked, and the O
+// store clips rows past Lq. Causal is SDPA's top-left aligned rule (key <= query); keys >= Lk
+// are never visible.
 #include <cuda.h>
 
 #include "kittens/kittens.cuh"
@@ -31,10 +30,16 @@ namespace {
 
 namespace kt = kittens;
 
-constexpr int CONSUMERS = 2;               // consumer warpgroups, 64 query rows each
-constexpr int BLOCK_M = 64 * CONSUMERS;    // query rows per block
+// Consumer warpgroups (64 query rows each) per head dim: at d64 the tensor work per key tile
+// halves while the softmax does not, so a third warpgroup keeps the tensor cores fed; at d128
+// two warpgroups get 240 registers each, which O, S and P need.
+template <int D> constexpr int CONSUMERS = D <= 64 ? 3 : 2;
+template <int D> constexpr int BLOCK_M = 64 * CONSUMERS<D>;  // query rows per task
 constexpr int BLOCK_N = 128;               // keys per tile
-constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
+constexpr int PRODUCER_REGISTERS = 24;
+// What the register file leaves each consumer thread once the producer has given its share back
+// (the launch gives every thread 65536 / threads, rounded down to 8).
+template <int D> constexpr int CONSUMER_REGISTERS = CONSUMERS<D> == 2 ? 240 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -43,12 +48,12 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
 template <typename T, int D>
 struct Shared {
-    using q_tile = kt::st<T, BLOCK_M, D>;
+    using q_tile = kt::st<T, BLOCK_M<D>, D>;
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
     q_tile q[2];  // this task's and the next one's
     kv_tile k[STAGES<D>], v[STAGES<D>];
-    o_tile o[CONSUMERS];
+    o_tile o[CONSUMERS<D>];
     kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
         v_empty[STAGES<D>];
 };
@@ -66,8 +71,9 @@ struct Task {
     int b, h, h_kv, q_block, tiles, unmasked;
 };
 
-template <bool CAUSAL, typename G>
+template <int D, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
+    constexpr int BLOCK_M = attention::BLOCK_M<D>;
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     const int heads_total = g.batch * g.heads_q;
     Task t;
@@ -89,11 +95,12 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
 }
 
 template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
+__global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     forward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
+    constexpr int CONSUMERS = attention::CONSUMERS<D>, BLOCK_M = attention::BLOCK_M<D>;
     using S = Shared<T, D>;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
             int ring = 0, local = 0;
             for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
-                const Task t = task_at<CAUSAL>(index, g);
+                const Task t = task_at<D, CAUSAL>(index, g);
                 const int qs = local % 2;
                 if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
                 kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
@@ -151,7 +158,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     }
 
     // ---- consumers ----
-    kt::increase_registers<CONSUMER_REGISTERS>();
+    kt::increase_registers<CONSUMER_REGISTERS<D>>();
     const int consumer = warpgroup, warp = kt::warpgroup::warp();
     const bool issuer = kt::warpgroup::thread() == 0;  // issues this warpgroup's O stores
 
@@ -162,21 +169,23 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     row_values row_max, row_sum;  // running max of raw scores; sum of P (this lane's share)
     score_tile s;
 
-    // The two consumer warpgroups take turns issuing their products (named barriers 3 and 4),
-    // so one's softmax runs while the other's products keep the tensor cores busy, instead of
-    // both doing exponentials at once.
-    constexpr int PAIR = 2 * 4 * kt::WARP_THREADS;
-    auto my_turn = [&] { kt::warpgroup::sync_with<PAIR>(3 + consumer); };
-    auto pass_turn = [&] { kt::warpgroup::arrive_at<PAIR>(3 + (1 - consumer)); };
+    // The consumer warpgroups take turns, round robin, issuing their products (warpgroup c
+    // waits on named barrier 4 + c, which its predecessor arrives at; 1..3 are the warpgroups'
+    // own epilogue barriers), so one's softmax runs
+    // while another's products keep the tensor cores busy, instead of all doing exponentials
+    // at once.
+    constexpr int PAIR = 2 * 4 * kt::WARP_THREADS;  // the waiting and the arriving warpgroup
+    auto my_turn = [&] { kt::warpgroup::sync_with<PAIR>(4 + consumer); };
+    auto pass_turn = [&] { kt::warpgroup::arrive_at<PAIR>(4 + (consumer + 1) % CONSUMERS); };
     auto release = [&](kt::semaphore& empty) {
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(empty);
     };
-    if (consumer == 1) pass_turn();  // warpgroup 0 goes first
+    if (consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
 
     int ring = 0, local = 0;
     for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
-        const Task t = task_at<CAUSAL>(index, g);
+        const Task t = task_at<D, CAUSAL>(index, g);
         const int qs = local % 2;
         const int row0 = t.q_block * BLOCK_M + consumer * 64 + warp * 16;  // first query row of this warp
         const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
@@ -296,7 +305,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, row0 / 16});
     }
-    if (consumer == 0) my_turn();  // takes warpgroup 1's last pass: every barrier ends balanced
+    if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
 #endif
 }
@@ -327,13 +336,13 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
     auto kernel = forward_kernel_sm90<T, D, CAUSAL>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, BLOCK_M)) * p.batch * p.heads_q;
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, BLOCK_M<D>)) * p.batch * p.heads_q;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     int device = 0, sms = 0;
     if (cudaError_t e = cudaGetDevice(&device)) return e;
     if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return e;
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
-    kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
+    kernel<<<blocks, (CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();
 }
 

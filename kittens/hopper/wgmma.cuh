@@ -29,7 +29,7 @@ __device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col
 template <typename ST>
 __device__ __forceinline__ uint64_t descriptor_mn_major(const ST& tile, int row0) {
     constexpr uint64_t layout = ST::row_bytes == 128 ? 1 : ST::row_bytes == 64 ? 2 : 3;
-    constexpr uint64_t panel_bytes = uint64_t(ST::rows) * ST::row_bytes;
+    constexpr uint64_t panel_bytes = ST::panel_bytes;  // of the whole tile, also for a view of it
     const uint32_t address = tile.address(row0, 0);
     return uint64_t((address & 0x3FFFF) >> 4) | ((panel_bytes >> 4) << 16) |
            (uint64_t((8 * ST::row_bytes) >> 4) << 32) | (layout << 62);

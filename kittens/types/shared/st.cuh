@@ -14,6 +14,7 @@ struct alignas(1024) st {
     static constexpr int swizzle_bytes = layout_math::swizzle_bytes_for_width(C * int(sizeof(T)));
     static constexpr int panel_cols = swizzle_bytes / int(sizeof(T));
     static constexpr int row_bytes = swizzle_bytes;  // address step of one row inside a panel
+    static constexpr int panel_bytes = R * row_bytes; // address step from one column panel to the next
 
     T data[R * C];
 
@@ -36,6 +37,7 @@ struct st_view {
     using dtype = typename ST::dtype;
     static constexpr int rows = SR, cols = SC;
     static constexpr int row_bytes = ST::row_bytes;
+    static constexpr int panel_bytes = ST::panel_bytes;  // the parent's panels: a view spans them
     ST* parent;
     int row0, col0;
 

@@ -65,21 +65,32 @@ def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None)
 
 def choose_family(device: torch.device) -> tuple[KernelFamily | None, str | None]:
     """(family, None) if a kernel family can run on ``device``, else (None, reason)."""
-    capability = device_capability(device.index)
-    choice = _config.kernel_choice("attention")
+    found = _family_or_reason(device.index, _config.kernel_choice("attention"))
+    if found.startswith(_NO_FAMILY):
+        return None, found[len(_NO_FAMILY):]
+    return BY_NAME[found], None
+
+
+_NO_FAMILY = "\x00"
+
+
+@torch.compiler.assume_constant_result
+def _family_or_reason(index: int, choice: str) -> str:
+    """The name of the family to run on CUDA device ``index`` (``choice``: "auto" or a forced
+    family), or _NO_FAMILY + why none can. One string, a trace-time constant under
+    torch.compile: torch 2.11's dynamo cannot guard a comparison of the capability tuple
+    (NotImplementedError for a constant source), so the tuple never reaches traced code."""
+    capability = device_capability(index)
     if choice != "auto":
-        family = BY_NAME[choice]
-        reason = family.unavailable_reason(capability)
-        if reason is None:
-            return family, None
-        return None, f"kernel {choice} was forced but {reason}"
+        reason = BY_NAME[choice].unavailable_reason(capability)
+        return choice if reason is None else f"{_NO_FAMILY}kernel {choice} was forced but {reason}"
     reasons = []
     for family in FAMILIES:
         reason = family.unavailable_reason(capability)
         if reason is None:
-            return family, None
+            return family.name
         reasons.append(reason)
-    return None, "; ".join(reasons)
+    return _NO_FAMILY + "; ".join(reasons)
 
 
 def needs_grad(query, key, value) -> bool:

@@ -60,7 +60,15 @@ def device_fallback_reason(device: torch.device) -> str | None:
     if _op.OP is None:
         return ("this build of the extension has no tk::matmul op (it predates it); rebuild: "
                 "pip install --no-build-isolation .")
-    capability = device_capability(device.index)
+    return _gpu_reason(device.index) or None
+
+
+@torch.compiler.assume_constant_result
+def _gpu_reason(index: int) -> str:
+    """Why the kernel cannot run on CUDA device ``index`` ("" if it can). One string, a
+    trace-time constant under torch.compile: torch 2.11's dynamo cannot guard a comparison of
+    the capability tuple (NotImplementedError for a constant source)."""
+    capability = device_capability(index)
     gpu = f"sm_{capability[0]}{capability[1]}"
     if capability != KERNEL_CAPABILITY:
         return (f"the matmul kernel needs an sm_90 (Hopper) GPU, this one is {gpu}; on other "
@@ -68,7 +76,7 @@ def device_fallback_reason(device: torch.device) -> str | None:
     if not _extension.has_arch_specific_code_for(capability):
         return (f"this build has no sm_90a code (built for {','.join(BUILT_ARCHS)}); rebuild "
                 "with e.g. TK_CUDA_ARCHS=90a pip install --no-build-isolation .")
-    return None
+    return ""
 
 
 _DIM_NAMES = {"a": ("M", "K"), "b": ("K", "N")}
