@@ -66,8 +66,19 @@ def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype):
             randn((batch, heads_kv, len_kv, head_dim), dtype))
 
 
+SDPA_GRID_ROWS = 32768  # (batch*heads) per SDPA call: cuDNN's backward fails beyond the grid limit
+
+
 def sdpa_grads(q, k, v, grad_out, causal, scale):
-    """PyTorch's own gradients (default SDPA backend) on the same inputs: the yardstick."""
+    """PyTorch's own gradients (default SDPA backend) on the same inputs: the yardstick.
+    Without GQA every (batch, head) is its own problem, so a batch*heads beyond what SDPA's
+    kernels can launch (cuDNN's backward failed at 70000 on the H200) is done in chunks."""
+    batch, heads = q.shape[:2]
+    if batch * heads > SDPA_GRID_ROWS and heads == k.shape[1]:
+        flat = [t.reshape(batch * heads, 1, *t.shape[2:]) for t in (q, k, v, grad_out)]
+        parts = [sdpa_grads(*(t[i:i + SDPA_GRID_ROWS] for t in flat), causal, scale)
+                 for i in range(0, batch * heads, SDPA_GRID_ROWS)]
+        return tuple(torch.cat(chunks).reshape(like.shape) for chunks, like in zip(zip(*parts), (q, k, v)))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale,
                                          enable_gqa=q.shape[1] != k.shape[1])

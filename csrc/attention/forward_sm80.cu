@@ -14,6 +14,7 @@
 // fill), scores of keys past the end are masked, output rows past the end are
 // not stored.
 #include "kittens/kittens.cuh"
+#include "attention/dispatch.h"
 #include "attention/forward_params.h"
 
 namespace tk::attention {
@@ -39,7 +40,7 @@ struct SharedTiles {
     static constexpr int bytes = kt::shared_bytes_for<q_tile, kv_tile[STAGES], kv_tile[STAGES]>();
 };
 
-template <typename T, int D>
+template <typename T>
 struct Globals {
     kt::gl<T> q, k, v, o;
     kt::gl<float> lse;  // (B, Hq, 1, Lq)
@@ -47,7 +48,7 @@ struct Globals {
 
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
-    forward_kernel(const __grid_constant__ Globals<T, D> g, const float scale_log2, const int heads_q,
+    forward_kernel(const __grid_constant__ Globals<T> g, const float scale_log2, const int heads_q,
                    const int group_size) {
     using S = SharedTiles<T, D>;
     constexpr int K_STEPS = D / kt::TILE_DIM;     // 16-wide slices of the head dim
@@ -199,9 +200,14 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
 }
 
+struct Sm80Forward {
+    template <typename T, int D, bool CAUSAL>
+    static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
+};
+
 template <typename T, int D, bool CAUSAL>
-cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
-    using G = Globals<T, D>;
+cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
+    using G = Globals<T>;
     auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
         return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
     };
@@ -220,31 +226,10 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// The instantiations: one row per (element type, head dim, causal).
-struct Entry {
-    ElementType dtype;
-    int head_dim;
-    bool causal;
-    cudaError_t (*run)(const ForwardParams&, cudaStream_t);
-};
-constexpr Entry kernels[] = {
-    {ElementType::bf16, 64, false, launch<kt::bf16, 64, false>},
-    {ElementType::bf16, 64, true, launch<kt::bf16, 64, true>},
-    {ElementType::bf16, 128, false, launch<kt::bf16, 128, false>},
-    {ElementType::bf16, 128, true, launch<kt::bf16, 128, true>},
-    {ElementType::fp16, 64, false, launch<kt::half, 64, false>},
-    {ElementType::fp16, 64, true, launch<kt::half, 64, true>},
-    {ElementType::fp16, 128, false, launch<kt::half, 128, false>},
-    {ElementType::fp16, 128, true, launch<kt::half, 128, true>},
-};
-
 }  // namespace
 
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream) {
-    for (const Entry& e : kernels)
-        if (e.dtype == params.dtype && e.head_dim == params.head_dim && e.causal == params.causal)
-            return e.run(params, stream);
-    return cudaErrorInvalidValue;  // the op layer only passes supported combinations
+    return dispatch<Sm80Forward>(params, stream);
 }
 
 }  // namespace tk::attention

@@ -23,6 +23,7 @@
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
+#include "attention/dispatch.h"
 #include "attention/forward_params.h"
 
 namespace tk::attention {
@@ -310,8 +311,13 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
 #endif
 }
 
+struct Sm90Forward {
+    template <typename T, int D, bool CAUSAL>
+    static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
+};
+
 template <typename T, int D, bool CAUSAL>
-cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     using G = Globals<T, D>;
     using Sh = Shared<T, D>;
     auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
@@ -346,31 +352,10 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-// The instantiations: one row per (element type, head dim, causal).
-struct Entry {
-    ElementType dtype;
-    int head_dim;
-    bool causal;
-    cudaError_t (*run)(const ForwardParams&, cudaStream_t);
-};
-constexpr Entry kernels[] = {
-    {ElementType::bf16, 64, false, launch<kt::bf16, 64, false>},
-    {ElementType::bf16, 64, true, launch<kt::bf16, 64, true>},
-    {ElementType::bf16, 128, false, launch<kt::bf16, 128, false>},
-    {ElementType::bf16, 128, true, launch<kt::bf16, 128, true>},
-    {ElementType::fp16, 64, false, launch<kt::half, 64, false>},
-    {ElementType::fp16, 64, true, launch<kt::half, 64, true>},
-    {ElementType::fp16, 128, false, launch<kt::half, 128, false>},
-    {ElementType::fp16, 128, true, launch<kt::half, 128, true>},
-};
-
 }  // namespace
 
 cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream) {
-    for (const Entry& e : kernels)
-        if (e.dtype == params.dtype && e.head_dim == params.head_dim && e.causal == params.causal)
-            return e.run(params, stream);
-    return cudaErrorInvalidValue;  // the op layer only passes supported combinations
+    return dispatch<Sm90Forward>(params, stream);
 }
 
 }  // namespace tk::attention
