@@ -140,9 +140,10 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     return {out, lse};
 }
 
-// dq, dk, dv of out = attention(q, k, v) given dout. The per-row statistics the kernel reads
-// (lse * log2(e) and rowsum(dout * out), padded to whole 64-row blocks) and the fp32 dq
-// accumulator are made here with ATen ops on the same stream.
+// dq, dk, dv of out = attention(q, k, v) given dout, in three launches on the current stream:
+// the per-row statistics the kernel reads (lse * log2(e) and rowsum(dout * out), padded to whole
+// 64-row blocks), the backward kernel (dk, dv, and dq into a zeroed fp32 accumulator), and the
+// scaling/conversion of dq.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at::Tensor& dout, const at::Tensor& q,
                                                                        const at::Tensor& k, const at::Tensor& v,
                                                                        const at::Tensor& out, const at::Tensor& lse,
@@ -173,14 +174,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     check_hopper(q, op);
-    constexpr double kLog2e = 1.4426950408889634;
+    const at::Tensor lse_rows = lse.contiguous();
     const int64_t len_q_padded = (len_q + 63) / 64 * 64;
     const auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor lse2 = at::full({batch, heads_q, len_q_padded}, std::numeric_limits<float>::infinity(), f32);
-    lse2.narrow(2, 0, len_q).copy_(lse * kLog2e);
-    at::Tensor delta = at::zeros({batch, heads_q, len_q_padded}, f32);
-    delta.narrow(2, 0, len_q).copy_((dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1));
+    at::Tensor lse2 = at::empty({batch, heads_q, len_q_padded}, f32);
+    at::Tensor delta = at::empty({batch, heads_q, len_q_padded}, f32);
     at::Tensor dq_accum = at::zeros({batch, heads_q, len_q, head_dim}, f32);
+    at::Tensor dq = at::empty({batch, heads_q, len_q, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dk = at::empty({batch, heads_kv, len_kv, head_dim}, k.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dv = at::empty({batch, heads_kv, len_kv, head_dim}, v.options().memory_format(at::MemoryFormat::Contiguous));
 
@@ -210,10 +210,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.causal = is_causal;
     params.dtype = dtype;
 
+    const auto os = kernel_strides(out);
+    const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
+
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    const cudaError_t status = backward_sm90(params, stream);
+    cudaError_t status = backward_statistics(params, out_view, lse2.mutable_data_ptr<float>(),
+                                             delta.mutable_data_ptr<float>(), stream);
+    if (status == cudaSuccess) status = backward_sm90(params, stream);
+    if (status == cudaSuccess) status = backward_finish_dq(params, dq.mutable_data_ptr(), stream);
     TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));
-    at::Tensor dq = dq_accum.mul_(scale).to(q.scalar_type());
     return {dq, dk, dv};
 }
 

@@ -61,6 +61,21 @@ struct BackwardParams {
 // TMA + wgmma backward (sm_90a only).
 cudaError_t backward_sm90(const BackwardParams& params, cudaStream_t stream);
 
+// The forward's output and log-sum-exp, as the backward's preparation reads them.
+struct OutputView {
+    const void* out;  // (B, Hq, Lq, D), ForwardParams' layout rules
+    int64_t stride_b, stride_h, stride_l;
+    const float* lse;  // (B, Hq, Lq) contiguous
+};
+
+// Fills BackwardParams' lse2 and delta (B, Hq, len_q_padded) from dout, out and lse
+// (backward_rows.cu; any GPU).
+cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, float* lse2, float* delta,
+                                cudaStream_t stream);
+
+// dq = dq_accum * scale in the input dtype, (B, Hq, Lq, D) contiguous (backward_rows.cu).
+cudaError_t backward_finish_dq(const BackwardParams& params, void* dq, cudaStream_t stream);
+
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
 
