@@ -191,7 +191,7 @@ if want sanitize; then
     for tool in ${SANITIZERS//,/ }; do
         [[ -s $OUT/sanitize_$tool.log ]] || continue
         echo "-- $tool: $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_$tool.log" | tr '\n' ' ')" \
-             "| $(grep -h '^sanitize_[a-z]*:' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
+             "| $(grep -h '^sanitize_[a-z_]*:' "$OUT/sanitize_$tool.log" | tr '\n' ' ')"
         grep -m 5 -E "^========= (Invalid|Race|Barrier|Error|.*hazard)" "$OUT/sanitize_$tool.log" | cut -c1-200
     done
 fi

@@ -36,7 +36,8 @@ namespace kt = kittens;
 constexpr int CONSUMERS = 2;
 constexpr int BLOCK_N = 64 * CONSUMERS;  // keys per block
 constexpr int BLOCK_M = 64;              // query rows per step
-constexpr int STAGES = 2;
+// Q/dO ring depth: what fits beside K, V and the dS/dQ staging (d128 uses ~210 of 227 KiB).
+template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -47,10 +48,10 @@ struct Shared {
     using ds_tile = kt::st<T, 64, BLOCK_M>;  // a warpgroup's dS^T: its 64 keys x the queries
     using dq_tile = kt::st<float, BLOCK_M, D>;
     kv_tile k, v;
-    q_tile q[STAGES], dout[STAGES];
+    q_tile q[STAGES<D>], dout[STAGES<D>];
     ds_tile ds[CONSUMERS];     // each warpgroup's dS^T, the A operand of its dQ product
     dq_tile dq[CONSUMERS];     // each warpgroup's staging for its TMA reduce-adds
-    kt::semaphore kv_full, in_full[STAGES], in_empty[STAGES];
+    kt::semaphore kv_full, in_full[STAGES<D>], in_empty[STAGES<D>];
 };
 
 template <typename T, int D>
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
     using S = Shared<T, D>;
+    constexpr int STAGES = attention::STAGES<D>;
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
