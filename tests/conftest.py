@@ -22,14 +22,21 @@ def clean_tk_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+def pretend_capability(monkeypatch, plan_module, capability):
+    """Make an op's path choice see a GPU of ``capability`` (a trace-time constant, like the
+    real device query, so torch.compile tests trace the same code)."""
+    monkeypatch.setattr(plan_module, "device_capability",
+                        torch.compiler.assume_constant_result(lambda index: capability))
+
+
 class AttentionStandIn:
     """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
 
     Registered as the CPU implementation of tk::attention_fwd and tk::attention_fwd_sm90 (the
     two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
     tk::attention_bwd_sm90, while the ``cpu_kernel`` fixture is active, with the path choice
-    told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80). Everything else is the
-    real code: argument checks, path choice, operand preparation, the op schema, the fake
+    told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
+    Everything else is the real code: argument checks, path choice, operand preparation, the op schema, the fake
     implementation and torch.compile tracing. Calls are recorded so tests can check what the
     kernel would have been given (layouts, head counts, copies).
     """
@@ -40,9 +47,7 @@ class AttentionStandIn:
 
     def set_capability(self, capability):
         from thunderkittens._attention import plan
-        self._monkeypatch.setattr(
-            plan, "device_capability",
-            torch.compiler.assume_constant_result(lambda index: capability))
+        pretend_capability(self._monkeypatch, plan, capability)
 
     def __call__(self, q, k, v, is_causal, scale):
         from reference import reference_attention
@@ -118,9 +123,7 @@ class MatmulStandIn:
 
     def set_capability(self, capability):
         from thunderkittens._matmul import plan
-        self._monkeypatch.setattr(
-            plan, "device_capability",
-            torch.compiler.assume_constant_result(lambda index: capability))
+        pretend_capability(self._monkeypatch, plan, capability)
 
     def __call__(self, a, b):
         from reference import tma_layout

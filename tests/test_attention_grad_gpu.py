@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from reference import reference_attention_grads
+from attention_cases import DTYPES, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
 
@@ -112,37 +113,8 @@ def op_grads(q, k, v, grad_out, causal, scale):
 
 SMALL_LENGTHS = [(1, 1), (17, 17), (127, 127), (128, 128), (1000, 1000), (17, 1000), (1000, 17)]
 LONG_LENGTHS = [(4097, 4097)]
-DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
-GQA_RATIOS = [1, 4, 8]
 
-
-def _cases():
-    cases = []
-    for len_q, len_kv in SMALL_LENGTHS:  # full cross product
-        for dtype in DTYPES:
-            for head_dim in HEAD_DIMS:
-                for causal in (False, True):
-                    for ratio in GQA_RATIOS:
-                        cases.append((len_q, len_kv, dtype, head_dim, causal, ratio))
-    index = 0
-    for len_q, len_kv in LONG_LENGTHS:  # every dtype/head dim/causal, GQA ratios rotated
-        for dtype in DTYPES:
-            for head_dim in HEAD_DIMS:
-                for causal in (False, True):
-                    cases.append((len_q, len_kv, dtype, head_dim, causal,
-                                  GQA_RATIOS[index % len(GQA_RATIOS)]))
-                    index += 1
-    return cases
-
-
-def _case_id(case):
-    len_q, len_kv, dtype, head_dim, causal, ratio = case
-    return (f"lq{len_q}-lk{len_kv}-{str(dtype).removeprefix('torch.')}-d{head_dim}-"
-            f"{'causal' if causal else 'full'}-gqa{ratio}")
-
-
-@pytest.mark.parametrize("case", _cases(), ids=_case_id)
+@pytest.mark.parametrize("case", attention_cases(SMALL_LENGTHS, LONG_LENGTHS), ids=case_id)
 def test_gradients_match_reference(case):
     len_q, len_kv, dtype, head_dim, causal, ratio = case
     seeded("grad", case)
