@@ -114,6 +114,9 @@ if want build; then
     # ptxas -v: registers / spills / shared memory per kernel and arch.
     "$PY" scripts/kernel_report.py ptxas "$OUT/build.log" > "$OUT/ptxas.log" 2>&1
     grep -E "error|Error" "$OUT/build.log" | grep -v -- "-Werror" | head -20 > "$OUT/build_errors.log"
+    # ptxas C7512: wgmma serialized (a wait after every instruction) for lack of registers.
+    grep -o "C7512.*function '[^']*'" "$OUT/build.log" | sed "s/.*function '//; s/'$//" | sort -u \
+        > "$OUT/wgmma_serialized.log"
 fi
 
 SO=$(ls "$ROOT"/python/thunderkittens/_C*.so 2>/dev/null | head -1)
@@ -181,6 +184,9 @@ printf '%s\n' "${SUMMARY[@]}"
 if want build; then
     if [[ -s $OUT/build_errors.log ]]; then echo "-- build errors (build.log):"; head -10 "$OUT/build_errors.log" | cut -c1-300; fi
     if [[ -s $OUT/ptxas.log ]]; then echo "-- ptxas (ptxas.log):"; cut -c1-200 "$OUT/ptxas.log" | head -24; fi
+    if [[ -s $OUT/wgmma_serialized.log ]]; then
+        echo "-- WARNING: ptxas serialized wgmma (C7512, too few registers) in $(wc -l < "$OUT/wgmma_serialized.log") kernels (wgmma_serialized.log)"
+    fi
     if [[ -s $OUT/sass_counts.log ]]; then echo "-- SASS counts (sass_counts.log):"; cut -c1-260 "$OUT/sass_counts.log" | head -24; fi
 fi
 if want test && [[ -s $OUT/pytest.log ]]; then
