@@ -196,7 +196,8 @@ def test_reason_value_head_dim(cpu_kernel):
 def test_reason_attn_mask(cpu_kernel):
     q = bf16(2, 4, 16, 64)
     assert reason_of(q, q, q, attn_mask=torch.ones(16, 16, dtype=torch.bool)) == \
-        "fallback torch SDPA: attn_mask is not supported by the kernel yet"
+        ("fallback torch SDPA: attn_mask is not supported by the kernel yet (only the causal "
+         "biases causal_upper_left and causal_lower_right are)")
 
 
 def test_reason_dropout(cpu_kernel):
@@ -290,3 +291,48 @@ def test_strict_raises_on_kernel_capable_device_too(cpu_kernel):
         tk.attention(q, q, q)  # kernel path: no error
         with pytest.raises(tk.FallbackError, match="attn_mask is not supported"):
             tk.attention(q, q, q, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+
+
+# ---- SDPA's causal biases (torch.nn.attention.bias) ------------------------------------------
+
+
+def test_causal_upper_left_bias_runs_the_kernel_as_is_causal(cpu_kernel):
+    from torch.nn.attention.bias import causal_upper_left
+    q, k = bf16(2, 4, 16, 64), bf16(2, 4, 24, 64)
+    bias = causal_upper_left(16, 24)
+    assert str(tk.explain(q, k, k, attn_mask=bias)) == \
+        "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] bf16 d=64 causal"
+    out = tk.attention(q, k, k, attn_mask=bias)
+    assert cpu_kernel.calls[-1]["is_causal"] is True
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), k.float(), attn_mask=bias)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_causal_lower_right_bias_with_equal_lengths_runs_the_kernel(cpu_kernel):
+    from torch.nn.attention.bias import causal_lower_right
+    q = bf16(2, 4, 20, 64)
+    bias = causal_lower_right(20, 20)
+    assert tk.explain(q, q, q, attn_mask=bias).uses_kernel
+    out = tk.attention(q, q, q, attn_mask=bias)
+    assert cpu_kernel.calls[-1]["is_causal"] is True
+    expected = F.scaled_dot_product_attention(q.float(), q.float(), q.float(), attn_mask=bias)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_causal_lower_right_bias_with_unequal_lengths_falls_back(cpu_kernel):
+    from torch.nn.attention.bias import causal_lower_right
+    q, k = bf16(2, 4, 16, 64), bf16(2, 4, 24, 64)
+    bias = causal_lower_right(16, 24)
+    assert "causal_lower_right with Lq != Lk is not supported by the kernel yet" in \
+        reason_of(q, k, k, attn_mask=bias)
+    out = tk.attention(q, k, k, attn_mask=bias)
+    assert not cpu_kernel.calls
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, k, attn_mask=bias))
+
+
+def test_causal_bias_for_other_lengths_is_an_error(cpu_kernel):
+    from torch.nn.attention.bias import causal_upper_left
+    q = bf16(2, 4, 16, 64)
+    with pytest.raises(ValueError, match=r"causal bias for \(Lq, Lk\) = \(8, 16\) but query and key "
+                                         r"have lengths \(16, 16\)"):
+        tk.attention(q, q, q, attn_mask=causal_upper_left(8, 16))

@@ -366,7 +366,8 @@ def test_fallback_attn_mask_gives_sdpa_answer():
     q, k, v = make_qkv(2, 4, 4, 100, 120, 64, torch.bfloat16)
     mask = torch.rand(100, 120, device="cuda") > 0.2
     assert str(tk.explain(q, k, v, attn_mask=mask)) == \
-        "fallback torch SDPA: attn_mask is not supported by the kernel yet"
+        ("fallback torch SDPA: attn_mask is not supported by the kernel yet (only the causal "
+         "biases causal_upper_left and causal_lower_right are)")
     out = tk.attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     with tk.strict(), pytest.raises(tk.FallbackError, match="attn_mask"):
@@ -411,3 +412,20 @@ def test_fallback_requires_grad_on_sm80_and_gradients_flow():
         torch.testing.assert_close(mine, theirs)
     with torch.no_grad(), tk.use_kernel("sm80"):
         assert tk.explain(q, k, v).uses_kernel
+
+
+def test_causal_biases_run_on_the_kernel():
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+    seeded("causal-bias")
+    q, k, v = make_qkv(2, 4, 4, 300, 333, 128, torch.bfloat16)
+    with tk.strict():
+        out = tk.attention(q, k, v, attn_mask=causal_upper_left(300, 333))
+    assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(128))
+    q2 = randn((2, 4, 333, 128), torch.bfloat16)
+    with tk.strict():
+        out2 = tk.attention(q2, k, v, attn_mask=causal_lower_right(333, 333))
+    assert_close_to_reference(out2, q2, k, v, True, 1 / math.sqrt(128))
+    # Lq != Lk lower-right: SDPA computes it (the kernels' diagonal is top-left).
+    bias = causal_lower_right(300, 333)
+    out3 = tk.attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out3, F.scaled_dot_product_attention(q, k, v, attn_mask=bias))

@@ -10,6 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _config
 from ..errors import FallbackError
+from .causal_bias import as_causal_flag
 from .explanation import AttentionPlan
 from .families import FAMILIES
 from .operands import conforms, kernel_operand, to_4d
@@ -27,12 +28,17 @@ def _nested_reason(query, key, value) -> str | None:
 
 
 def _decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """(family or None, fallback reason or None, attn_mask, is_causal): the arguments come back
+    with a causal bias the kernels compute turned into is_causal=True (the fallback gives the
+    same answer either way)."""
     check_types(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     reason = _nested_reason(query, key, value)
     if reason is not None:  # SDPA validates nested inputs itself
-        return None, reason
+        return None, reason, attn_mask, is_causal
     check_values(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return decide(query, key, value, attn_mask, dropout_p, scale)
+    attn_mask, is_causal = as_causal_flag(query, key, attn_mask, is_causal)
+    family, reason = decide(query, key, value, attn_mask, dropout_p, scale)
+    return family, reason, attn_mask, is_causal
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -48,14 +54,17 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     GPUs compute such calls with SDPA). Everything else is computed by
     F.scaled_dot_product_attention (see thunderkittens.explain for which path a call takes, and
     thunderkittens.strict to make a fallback an error). ``is_causal`` masks top-left aligned
-    (query i sees keys j <= i), as SDPA does. With enable_gqa, key/value are used with their own
+    (query i sees keys j <= i), as SDPA does; ``attn_mask`` may be SDPA's causal bias
+    ``torch.nn.attention.bias.causal_upper_left(Lq, Lk)`` (the same mask, on the kernel) or
+    ``causal_lower_right(Lq, Lk)`` (on the kernel when Lq == Lk; SDPA otherwise). With enable_gqa, key/value are used with their own
     head count (no repeated copies).
 
     Inputs whose layout the kernel cannot read directly (last dim not contiguous, other strides
     not multiples of 8 elements, data not 16-byte aligned) are copied once with .contiguous().
     The result is a new contiguous tensor.
     """
-    family, reason = _decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    family, reason, attn_mask, is_causal = _decide(query, key, value, attn_mask, dropout_p, is_causal,
+                                                   scale, enable_gqa)
     if family is None:
         if _config.strict_enabled():
             raise FallbackError(f"tk.attention would fall back to torch SDPA: {reason}")
@@ -86,9 +95,10 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       enable_gqa: bool = False) -> AttentionPlan:
     """Which path ``attention`` would take for these arguments, and why; ``str()`` of the result
     is one line, e.g. ``kernel tk.attention_fwd [sm80 mma.sync] bf16 d=128 causal gqa=4`` or
-    ``fallback torch SDPA: attn_mask is not supported by the kernel yet``. Raises the same
+    ``fallback torch SDPA: dropout_p > 0 is not supported by the kernel yet``. Raises the same
     argument errors as ``attention``; does not run the kernel."""
-    family, reason = _decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    family, reason, attn_mask, is_causal = _decide(query, key, value, attn_mask, dropout_p, is_causal,
+                                                   scale, enable_gqa)
     copies = ()
     if family is not None:
         copies = tuple(name for name, t in (("query", query), ("key", key), ("value", value))

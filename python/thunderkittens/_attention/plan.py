@@ -11,6 +11,7 @@ import torch
 
 from .. import _config
 from .._device import device_capability
+from .causal_bias import unsupported_mask_reason
 from .._extension import BUILT_OPS
 from .families import BY_NAME, FAMILIES, KernelFamily
 
@@ -50,7 +51,7 @@ def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None)
         return (f"value head dim {value.shape[-1]} differs from query head dim {head_dim}; "
                 "the kernel needs them equal")
     if attn_mask is not None:
-        return "attn_mask is not supported by the kernel yet"
+        return unsupported_mask_reason(attn_mask)
     if dropout_p > 0.0:
         return "dropout_p > 0 is not supported by the kernel yet"
     if scale is not None and scale <= 0.0:
