@@ -66,6 +66,20 @@ KITTENS_HOST_DEVICE constexpr uint32_t shared_tile_offset(int row, int col, int 
 // 4-byte bank (0..31) of a shared byte offset.
 KITTENS_HOST_DEVICE constexpr int bank_of(uint32_t offset) { return int((offset / 4) % 32); }
 
+// Hopper wgmma shared-memory matrix descriptor (PTX ISA, "matrix descriptor format"): bits
+// 0-13 start address, 16-29 leading-dimension byte offset, 32-45 stride-dimension byte offset,
+// each in 16-byte units (of an 18-bit byte value), and bits 62-63 the swizzle mode of the
+// core's shared tiles (1: 128-byte, 2: 64-byte, 3: 32-byte).
+KITTENS_HOST_DEVICE constexpr uint64_t wgmma_swizzle_mode(int swizzle_bytes) {
+    return swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
+}
+KITTENS_HOST_DEVICE constexpr uint64_t wgmma_descriptor(uint32_t address, uint32_t leading_bytes,
+                                                        uint32_t stride_bytes, int swizzle_bytes) {
+    auto field = [](uint32_t bytes) { return uint64_t((bytes & 0x3FFFF) >> 4); };
+    return field(address) | (field(leading_bytes) << 16) | (field(stride_bytes) << 32) |
+           (wgmma_swizzle_mode(swizzle_bytes) << 62);
+}
+
 // ---------------------------------------------------------------------------
 // Register fragments.
 //

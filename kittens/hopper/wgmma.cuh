@@ -15,12 +15,11 @@ namespace kittens::wgmma {
 // (row0, col0) of a shared tile (row0 a multiple of 8, col0 of 16): rows advance by
 // the swizzle span, 8-row groups by 8 spans; the swizzle itself is applied by the
 // hardware from address bits, which is why tiles are 1024-byte aligned.
+// (The leading field of a K-major operand is unused with these swizzles; it is 16 bytes.)
 template <typename ST>
 __device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col0) {
-    constexpr uint64_t layout = ST::row_bytes == 128 ? 1 : ST::row_bytes == 64 ? 2 : 3;
     const uint32_t address = tile.address(row0, col0);  // row0 % 8 == 0: no swizzle term
-    return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) |
-           (uint64_t((8 * ST::row_bytes) >> 4) << 32) | (layout << 62);
+    return layout_math::wgmma_descriptor(address, 16, 8 * ST::row_bytes, ST::row_bytes);
 }
 
 // Descriptor of an MN-major operand: a K x N shared tile stored row-major (N along
@@ -28,11 +27,8 @@ __device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col
 // stride field); the next panel of N columns is rows spans further (the leading field).
 template <typename ST>
 __device__ __forceinline__ uint64_t descriptor_mn_major(const ST& tile, int row0) {
-    constexpr uint64_t layout = ST::row_bytes == 128 ? 1 : ST::row_bytes == 64 ? 2 : 3;
-    constexpr uint64_t panel_bytes = ST::panel_bytes;  // of the whole tile, also for a view of it
-    const uint32_t address = tile.address(row0, 0);
-    return uint64_t((address & 0x3FFFF) >> 4) | ((panel_bytes >> 4) << 16) |
-           (uint64_t((8 * ST::row_bytes) >> 4) << 32) | (layout << 62);
+    // The panel stride of the whole tile, also for a view of it.
+    return layout_math::wgmma_descriptor(tile.address(row0, 0), ST::panel_bytes, 8 * ST::row_bytes, ST::row_bytes);
 }
 
 namespace detail {

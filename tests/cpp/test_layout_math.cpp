@@ -395,6 +395,31 @@ static void test_movmatrix_and_transpose() {
     }
 }
 
+// wgmma matrix descriptors: each field where the PTX ISA's descriptor format puts it (14 bits
+// of 16-byte units each for start address, leading and stride byte offsets; the swizzle mode
+// in bits 62-63), nothing in the reserved bits, and one descriptor worked out by hand.
+static void test_wgmma_descriptor() {
+    CHECK(wgmma_swizzle_mode(128) == 1 && wgmma_swizzle_mode(64) == 2 && wgmma_swizzle_mode(32) == 3,
+          "swizzle modes");
+    // A 128-byte-swizzled K-major tile at shared address 0x400: start 0x40, leading 16 B -> 1,
+    // stride 8 rows x 128 B -> 64, mode 1.
+    CHECK(wgmma_descriptor(0x400, 16, 1024, 128) == 0x4000004000010040ull, "hand example %llx",
+          (unsigned long long)wgmma_descriptor(0x400, 16, 1024, 128));
+    const int swizzles[] = {128, 64, 32};
+    for (int swz : swizzles)
+        for (uint32_t address = 0; address < (1u << 18); address += 0x1230)
+            for (uint32_t leading : {16u, 1024u, 8192u, 16384u, 65536u})
+                for (uint32_t stride : {256u, 512u, 1024u}) {
+                    const uint64_t d = wgmma_descriptor(address & ~15u, leading, stride, swz);
+                    CHECK((d & 0x3FFF) == (address & ~15u) >> 4, "start %x", address);
+                    CHECK(((d >> 16) & 0x3FFF) == leading >> 4, "leading %u", leading);
+                    CHECK(((d >> 32) & 0x3FFF) == stride >> 4, "stride %u", stride);
+                    CHECK((d >> 62) == wgmma_swizzle_mode(swz), "mode %d", swz);
+                    const uint64_t reserved = (0x3ull << 14) | (0x3ull << 30) | (0xFFFFull << 46);
+                    CHECK((d & reserved) == 0, "reserved bits set: %llx", (unsigned long long)d);
+                }
+}
+
 int main() {
     test_ceil_div();
     test_swizzle_width();
@@ -404,6 +429,7 @@ int main() {
     test_mma_conventions();
     test_ldmatrix();
     test_movmatrix_and_transpose();
+    test_wgmma_descriptor();
     std::printf("%d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
