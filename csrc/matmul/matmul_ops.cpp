@@ -33,7 +33,9 @@ int64_t round_up_8(int64_t x) { return (x + 7) / 8 * 8; }
 // thunderkittens/_matmul/layout.py's; keep them in step.
 Operand describe(const at::Tensor& t, const char* name) {
     const int64_t rows = t.size(1), cols = t.size(2);
-    auto aligned = [](int64_t s) { return s % 8 == 0; };
+    // A stride TMA can step by: a positive multiple of 8 elements (a 0 stride, an expanded dim,
+    // is not something a tensor map can describe; the Python layer never sends one).
+    auto aligned = [](int64_t s) { return s > 0 && s % 8 == 0; };
     Operand op{};
     op.data = t.const_data_ptr();
     op.batch = static_cast<int>(t.size(0));
@@ -41,13 +43,13 @@ Operand describe(const at::Tensor& t, const char* name) {
     const bool col_major = (rows == 1 || t.stride(1) == 1) && aligned(stride_or(t, 2, round_up_8(rows)));
     TORCH_CHECK(row_major || col_major, kOp, name,
                 " must be row-major (stride 1 along its last dim) or column-major (stride 1 along its "
-                "second-to-last dim, e.g. x.mT) with the other matrix stride a multiple of 8 elements "
-                "(16 bytes, for TMA); got shape ", t.sizes(), " and strides ", t.strides());
+                "second-to-last dim, e.g. x.mT) with the other matrix stride a positive multiple of 8 "
+                "elements (16 bytes, for TMA); got shape ", t.sizes(), " and strides ", t.strides());
     op.transposed = !row_major;
     op.leading_stride = row_major ? stride_or(t, 1, round_up_8(cols)) : stride_or(t, 2, round_up_8(rows));
     const int64_t matrix_extent = op.leading_stride * (row_major ? rows : cols);
     op.batch_stride = stride_or(t, 0, round_up_8(matrix_extent));
-    TORCH_CHECK(aligned(op.batch_stride), kOp, name, ": the batch stride must be a multiple of 8 elements, got strides ",
+    TORCH_CHECK(aligned(op.batch_stride), kOp, name, ": the batch stride must be a positive multiple of 8 elements, got strides ",
                 t.strides());
     TORCH_CHECK(reinterpret_cast<std::uintptr_t>(op.data) % 16 == 0, kOp, name,
                 ": data pointer must be 16-byte aligned; pass a fresh copy (x.clone())");
