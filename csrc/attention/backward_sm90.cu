@@ -10,7 +10,8 @@
 //   S^T  = K Q_i^T,   dP^T = V dO_i^T                 wgmma, operands from shared memory
 //   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query)
 //   dS^T = P^T (dP^T - delta)
-//   dV  += P^T dO_i,  dK += dS^T Q_i                  wgmma, A = P^T / dS^T from registers
+//   dV  += P^T dO_i,  dK += dS^T Q_i                  wgmma, A = P^T from registers, dS^T
+//                                                     from shared memory
 //   dQ_i += dS K                                      each warpgroup over its own 64 keys,
 //                                                     from dS^T in shared memory; TMA
 //                                                     reduce-add into an fp32 accumulator
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     kt::rt_fl<16, D> dk, dv;
     kt::zero(dk);
     kt::zero(dv);
-    kt::rt<T, 16, BLOCK_M> p_t, ds_t;  // register A operands of the dV / dK products
+    kt::rt<T, 16, BLOCK_M> p_t;  // register A operand of the dV product
 
     auto step_body = [&]<bool MASKED>(int step) {
         const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
@@ -160,28 +161,28 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::sub_col(dp_t, dp_t, delta);
         kt::mul(dp_t, dp_t, s_t);    // dS^T
         kt::copy(p_t, s_t);
-        kt::copy(ds_t, dp_t);
 
-        kt::wgmma::fence();
-        kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
-        kt::wgmma::mma_AB(dk, ds_t, sh.q[s], true);
-        kt::wgmma::commit();
-
-        // dQ_i += dS K over this warpgroup's keys: dS^T through shared memory (wgmma reads a
-        // transposed A only from there), the partial dQ through the staging tile into a TMA
-        // reduce-add.
+        // dS^T goes through shared memory, where dK += dS^T Q_i reads it as a K-major A and
+        // dQ_i += dS K as a transposed A: only P^T stays a register operand, which keeps the
+        // products in flight within the registers (with dS^T in registers too, ptxas had to
+        // serialize the wgmma at d128).
         auto& ds_smem = sh.ds[consumer];
-        kt::store(kt::subtile<16, BLOCK_M>(ds_smem, warp, 0), ds_t);
+        {
+            kt::rt<T, 16, BLOCK_M> ds_t;
+            kt::copy(ds_t, dp_t);
+            kt::store(kt::subtile<16, BLOCK_M>(ds_smem, warp, 0), ds_t);
+        }
         kt::fence_async_proxy();
         kt::warpgroup::sync(1 + consumer);
         kt::rt_fl<16, D> dq;
         kt::wgmma::fence();
+        kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
+        kt::wgmma::mma_AB(dk, ds_smem, sh.q[s], true);
         kt::wgmma::mma_AtB(dq, ds_smem, k_mine, false);
         kt::wgmma::commit();
-        kt::wgmma::wait<0>();  // dV, dK and dQ products done: p_t, ds_t and dS^T are free
+        kt::wgmma::wait<0>();  // dV, dK and dQ products done: p_t and dS^T are free
         kt::wgmma::fence_operand(dq);
         kt::wgmma::fence_operand(p_t);
-        kt::wgmma::fence_operand(ds_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
         const bool issuer = kt::warpgroup::thread() == 0;
