@@ -118,6 +118,11 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     params.v = v.const_data_ptr();
     params.o = out.mutable_data_ptr();
     params.lse = lse.mutable_data_ptr<float>();
+    at::Tensor task_counter;  // the sm90 kernel's task queue; a memset on the stream, graph-capturable
+    if (launch == &forward_sm90) {
+        task_counter = at::zeros({1}, q.options().dtype(at::kInt));
+        params.task_counter = task_counter.mutable_data_ptr<int>();
+    }
     const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v),
                os = kernel_strides(out);
     params.q_stride_b = qs[0], params.q_stride_h = qs[1], params.q_stride_l = qs[2];

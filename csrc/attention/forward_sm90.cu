@@ -53,6 +53,7 @@ struct Shared {
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
     q_tile q[2];  // this task's and the next one's
+    int task_index[2];  // the task behind each Q buffer (-1: no more tasks), set by the producer
     kv_tile k[STAGES<D>], v[STAGES<D>];
     o_tile o[CONSUMERS<D>];
     kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
@@ -63,6 +64,7 @@ template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, o_map;
     float* lse;  // (B, Hq, Lq) contiguous
+    int* task_counter;  // zeroed before the launch: tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
     float scale_log2;
 };
@@ -76,16 +78,13 @@ template <int D, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     constexpr int BLOCK_M = attention::BLOCK_M<D>;
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
-    const int heads_total = g.batch * g.heads_q;
     Task t;
     int bh;
-    if constexpr (CAUSAL) {  // heaviest query blocks first over the whole grid
-        t.q_block = q_blocks - 1 - index / heads_total;
-        bh = index % heads_total;
-    } else {  // a head's query blocks together, so its K/V stay in L2
-        t.q_block = index % q_blocks;
-        bh = index / q_blocks;
-    }
+    // A head's query blocks are consecutive tasks, so blocks running together share its K/V
+    // in L2; causal ones heaviest first within the head. Blocks take tasks dynamically, so the
+    // uneven causal tasks balance out (a static round robin resonated with q_blocks).
+    bh = index / q_blocks;
+    t.q_block = CAUSAL ? q_blocks - 1 - index % q_blocks : index % q_blocks;
     t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
     const int q_row0 = t.q_block * BLOCK_M;
     // Key tiles the block needs, and how many of them need no mask at all.
@@ -124,18 +123,24 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     }
     __syncthreads();
 
-    // Persistent: block x takes tasks x, x + grid, ...; the producer runs ahead into the next
+    // Persistent: block x takes task x, then the next unclaimed one from a global counter (the
+    // producer claims it and passes it on with the Q buffer); the producer runs ahead into the next
     // task (its Q in the other buffer, its first K/V tiles in the ring) while the consumers
     // finish the current one. K/V ring positions count on across tasks (`ring`).
     const int warpgroup = kt::warp_id() / 4;
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
-            int ring = 0, local = 0;
-            for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
-                const Task t = task_at<D, CAUSAL>(index, g);
+            int ring = 0, index = blockIdx.x;  // first task static, the rest from the counter
+            for (int local = 0;; local++) {
                 const int qs = local % 2;
                 if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
+                sh.task_index[qs] = index < tasks ? index : -1;
+                if (index >= tasks) {  // tell the consumers to stop (the arrive publishes the -1)
+                    kt::arrive(sh.q_full[qs]);
+                    break;
+                }
+                const Task t = task_at<D, CAUSAL>(index, g);
                 kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
                 kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
@@ -153,6 +158,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
                 }
                 if (t.tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, t.tiles - 1);
                 ring += t.tiles;
+                index = gridDim.x + atomicAdd(g.task_counter, 1);
             }
         }
         return;
@@ -184,10 +190,13 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     };
     if (consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
 
-    int ring = 0, local = 0;
-    for (int index = blockIdx.x; index < tasks; index += gridDim.x, local++) {
-        const Task t = task_at<D, CAUSAL>(index, g);
+    int ring = 0;
+    for (int local = 0;; local++) {
         const int qs = local % 2;
+        kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
+        const int index = sh.task_index[qs];
+        if (index < 0) break;
+        const Task t = task_at<D, CAUSAL>(index, g);
         const int row0 = t.q_block * BLOCK_M + consumer * 64 + warp * 16;  // first query row of this warp
         const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
         kt::zero(o);
@@ -258,7 +267,6 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
             kt::copy(p, s);
         };
 
-        kt::wait(sh.q_full[qs], (local / 2) % 2);
         if (t.tiles > 0) {
             my_turn();
             issue_scores(0);
@@ -334,6 +342,7 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
         kt::tma::cached_tensor_map<typename Sh::o_tile>(&g.o_map, o) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     g.lse = p.lse;
+    g.task_counter = p.task_counter;
     g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
     g.len_q = p.len_q, g.len_kv = p.len_kv;
     g.scale_log2 = p.scale * LOG2E;
