@@ -118,8 +118,8 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     params.v = v.const_data_ptr();
     params.o = out.mutable_data_ptr();
     params.lse = lse.mutable_data_ptr<float>();
-    at::Tensor task_counter;  // the sm90 kernel's task queue; a memset on the stream, graph-capturable
-    if (launch == &forward_sm90) {
+    at::Tensor task_counter;  // the sm90 causal kernel's task queue; a memset on the stream, graph-capturable
+    if (launch == &forward_sm90 && is_causal) {
         task_counter = at::zeros({1}, q.options().dtype(at::kInt));
         params.task_counter = task_counter.mutable_data_ptr<int>();
     }
@@ -138,6 +138,9 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     params.scale = static_cast<float>(scale);
     params.causal = is_causal;
     params.dtype = dtype;
+    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+    params.multiprocessors = props->multiProcessorCount;
+    params.l2_bytes = props->l2CacheSize;
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const cudaError_t status = launch(params, stream);

@@ -11,12 +11,15 @@
 //   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query)
 //   dS^T = P^T (dP^T - delta)
 //   dV  += P^T dO_i,  dK += dS^T Q_i                  wgmma, A = P^T from registers, dS^T
-//                                                     from shared memory
+//                                                     from shared memory (only one register
+//                                                     A operand: with two, ptxas serializes
+//                                                     the d128 wgmma for want of registers)
 //   dQ_i += dS K                                      each warpgroup over its own 64 keys,
 //                                                     from dS^T in shared memory; TMA
 //                                                     reduce-add into an fp32 accumulator
 // The warpgroups never wait for each other, so one's elementwise work overlaps the other's
-// products.
+// products; within a warpgroup the products are split into groups that overlap its own
+// exponentials and dQ stores (see the step body).
 // At the end dK is scaled by `scale` and both are stored (rows past Lk skipped); the op layer
 // scales and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS
 // only multiply those zero rows (dQ) or land in rows that are never stored (dK, dV), so only
@@ -134,12 +137,27 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     kt::zero(dv);
     kt::rt<T, 16, BLOCK_M> p_t;  // register A operand of the dV product
 
+    // One step per query block; within it the warpgroup splits its products into wgmma groups
+    // (which complete in issue order) so that its own elementwise work overlaps them:
+    //   issue S^T_j, commit; issue dP^T_j, commit
+    //   wait<1>: S^T_j done                 P^T_j = exp2(...) while dP^T_j runs
+    //   wait<0>: dP^T_j done                dS^T_j into shared memory
+    //   issue dQ_j, commit; issue dV_j, dK_j, commit
+    //   wait<1>: dQ_j done                  dQ_j staged and reduce-added while dV_j, dK_j run
+    //   wait<0>: all done                   release the stage
+    // Nothing stays in flight across steps: with dV/dK still running into the next step, ptxas
+    // serializes every wgmma (C7515, measured with nvcc 13.0).
+    auto release = [&](int step) {
+        __syncwarp();
+        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[step % STAGES]);  // Q, dO of that step are read
+    };
     auto step_body = [&]<bool MASKED>(int step) {
         const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
         kt::wait(sh.in_full[s], (step / STAGES) % 2);
         score_tile s_t, dp_t;
         kt::wgmma::fence();
         kt::wgmma::mma_ABt(s_t, k_mine, sh.q[s], false);
+        kt::wgmma::commit();
         kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
         kt::wgmma::commit();
         // The statistics of the step's 64 query rows (a lane's 16 columns), from L1/L2 while
@@ -147,9 +165,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         column_values lse2, delta;
         kt::load(lse2, g.lse2, kt::coord{b, h, 0, i});
         kt::load(delta, g.delta, kt::coord{b, h, 0, i});
-        kt::wgmma::wait<0>();  // (the previous step ended with nothing in flight)
+        kt::wgmma::wait<1>();  // S^T_j done
         kt::wgmma::fence_operand(s_t);
-        kt::wgmma::fence_operand(dp_t);
 
         kt::mul(s_t, s_t, g.scale_log2);
         kt::sub_col(s_t, s_t, lse2);
@@ -157,15 +174,16 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             const int query0 = i * BLOCK_M;
             kt::mask(s_t, [&](int r, int c) { return my_key0 + r <= query0 + c; }, kt::neg_infinity());
         }
-        kt::exp2(s_t, s_t);          // P^T
+        kt::exp2(s_t, s_t);  // P^T
+        kt::wgmma::wait<0>();  // dP^T_j done
+        kt::wgmma::fence_operand(dp_t);
         kt::sub_col(dp_t, dp_t, delta);
-        kt::mul(dp_t, dp_t, s_t);    // dS^T
+        kt::mul(dp_t, dp_t, s_t);  // dS^T
         kt::copy(p_t, s_t);
 
         // dS^T goes through shared memory, where dK += dS^T Q_i reads it as a K-major A and
         // dQ_i += dS K as a transposed A: only P^T stays a register operand, which keeps the
-        // products in flight within the registers (with dS^T in registers too, ptxas had to
-        // serialize the wgmma at d128).
+        // products in flight within the registers.
         auto& ds_smem = sh.ds[consumer];
         {
             kt::rt<T, 16, BLOCK_M> ds_t;
@@ -176,15 +194,13 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::warpgroup::sync(1 + consumer);
         kt::rt_fl<16, D> dq;
         kt::wgmma::fence();
-        kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
-        kt::wgmma::mma_AB(dk, ds_smem, sh.q[s], true);
         kt::wgmma::mma_AtB(dq, ds_smem, k_mine, false);
         kt::wgmma::commit();
-        kt::wgmma::wait<0>();  // dV, dK and dQ products done: p_t and dS^T are free
+        kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
+        kt::wgmma::mma_AB(dk, ds_smem, sh.q[s], true);
+        kt::wgmma::commit();
+        kt::wgmma::wait<1>();  // dQ_i done
         kt::wgmma::fence_operand(dq);
-        kt::wgmma::fence_operand(p_t);
-        kt::wgmma::fence_operand(dk);
-        kt::wgmma::fence_operand(dv);
         const bool issuer = kt::warpgroup::thread() == 0;
         if (issuer) kt::tma::store_wait_read<0>();  // the last reduce-add has read the staging tile
         kt::warpgroup::sync(1 + consumer);
@@ -195,8 +211,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::tma::store_add_async(&g.dq_map, sh.dq[consumer], kt::coord{b, h, i, 0});
             kt::tma::store_commit();
         }
-        __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i, dO_i and the statistics are read
+        kt::wgmma::wait<0>();  // dV/dK_j done: p_t, dS^T and the stage are free
+        kt::wgmma::fence_operand(p_t);
+        kt::wgmma::fence_operand(dk);
+        kt::wgmma::fence_operand(dv);
+        release(step);
     };
 
     kt::wait(sh.kv_full, 0);
@@ -206,7 +225,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         if (masked) step_body.template operator()<true>(step);
         else step_body.template operator()<false>(step);
     }
-
     // Epilogue: dK (scaled) and dV from registers, rows past Lk not stored.
     kt::mul(dk, dk, g.scale);
     kt::rt<T, 16, D> out;

@@ -17,7 +17,7 @@ struct ForwardParams {
     const void* v;  // (B, Hkv, Lk, D)
     void* o;        // (B, Hq,  Lq, D), same strides rules
     float* lse;     // (B, Hq,  Lq) contiguous fp32: natural-log log-sum-exp of scaled scores
-    int* task_counter;  // sm90 only: one int32, zero at launch (the persistent grid's task queue)
+    int* task_counter;  // sm90 causal only: one int32, zero at launch (the persistent grid's task queue)
 
     int64_t q_stride_b, q_stride_h, q_stride_l;
     int64_t k_stride_b, k_stride_h, k_stride_l;
@@ -30,6 +30,10 @@ struct ForwardParams {
     float scale;                   // softmax scale applied to q.k
     bool causal;                   // top-left aligned: key j visible to query i iff j <= i
     ElementType dtype;
+
+    // Facts about the current device (from torch's cached properties: no query per launch).
+    int multiprocessors;
+    int64_t l2_bytes;
 };
 
 // One attention backward call (dq, dk, dv from dO), for the sm_90 kernel. q, k, v, dout follow

@@ -64,8 +64,9 @@ template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, o_map;
     float* lse;  // (B, Hq, Lq) contiguous
-    int* task_counter;  // zeroed before the launch: tasks handed out after each block's first
+    int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
+    int heads_per_group;  // causal task order: heads whose K/V are read together (fit in L2)
     float scale_log2;
 };
 
@@ -80,11 +81,19 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
-    // A head's query blocks are consecutive tasks, so blocks running together share its K/V
-    // in L2; causal ones heaviest first within the head. Blocks take tasks dynamically, so the
-    // uneven causal tasks balance out (a static round robin resonated with q_blocks).
-    bh = index / q_blocks;
-    t.q_block = CAUSAL ? q_blocks - 1 - index % q_blocks : index % q_blocks;
+    if constexpr (CAUSAL) {
+        // Heads go in groups whose K/V fit in L2 together; within a group the heaviest query
+        // blocks (most key tiles) come first over all its heads, so the dynamically handed
+        // out tasks end on light ones and the blocks finish together.
+        const int heads_total = g.batch * g.heads_q, per_group = g.heads_per_group * q_blocks;
+        const int group = index / per_group, first_head = group * g.heads_per_group;
+        const int heads_here = min(g.heads_per_group, heads_total - first_head), r = index % per_group;
+        t.q_block = q_blocks - 1 - r / heads_here;
+        bh = first_head + r % heads_here;
+    } else {  // a head's query blocks together, so blocks running together share its K/V in L2
+        t.q_block = index % q_blocks;
+        bh = index / q_blocks;
+    }
     t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
     const int q_row0 = t.q_block * BLOCK_M;
     // Key tiles the block needs, and how many of them need no mask at all.
@@ -123,15 +132,16 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     }
     __syncthreads();
 
-    // Persistent: block x takes task x, then the next unclaimed one from a global counter (the
-    // producer claims it and passes it on with the Q buffer); the producer runs ahead into the next
+    // Persistent: block x takes task x, then (equal-sized non-causal tasks) x + grid, x + 2 grid,
+    // ..., or (causal tasks of uneven size) the next unclaimed one from a global counter. The
+    // producer passes the task index on with the Q buffer and runs ahead into the next
     // task (its Q in the other buffer, its first K/V tiles in the ring) while the consumers
     // finish the current one. K/V ring positions count on across tasks (`ring`).
     const int warpgroup = kt::warp_id() / 4;
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
-            int ring = 0, index = blockIdx.x;  // first task static, the rest from the counter
+            int ring = 0, index = blockIdx.x;
             for (int local = 0;; local++) {
                 const int qs = local % 2;
                 if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
                 }
                 if (t.tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, t.tiles - 1);
                 ring += t.tiles;
-                index = gridDim.x + atomicAdd(g.task_counter, 1);
+                index = CAUSAL ? gridDim.x + atomicAdd(g.task_counter, 1) : index + gridDim.x;
             }
         }
         return;
@@ -319,6 +329,16 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
 #endif
 }
 
+// Causal task order: how many heads' query blocks are interleaved (heaviest first over the
+// group). More heads balance the uneven tasks better; but the K/V of every head in the group
+// are read at once, so the group's K/V must fit in about half of L2.
+int causal_heads_per_group(const ForwardParams& p, int64_t row_bytes) {
+    const int64_t kv_bytes_per_q_head = 2 * int64_t(p.len_kv) * row_bytes / (p.heads_q / p.heads_kv);
+    const int64_t fit = (p.l2_bytes / 2) / (kv_bytes_per_q_head > 0 ? kv_bytes_per_q_head : 1);
+    const int64_t heads_total = int64_t(p.batch) * p.heads_q;
+    return int(fit < 1 ? 1 : fit > heads_total ? heads_total : fit);
+}
+
 struct Sm90Forward {
     template <typename T, int D, bool CAUSAL>
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
@@ -345,6 +365,7 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     g.task_counter = p.task_counter;
     g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
     g.len_q = p.len_q, g.len_kv = p.len_kv;
+    g.heads_per_group = causal_heads_per_group(p, sizeof(T) * D);
     g.scale_log2 = p.scale * LOG2E;
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
@@ -353,9 +374,8 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_q, BLOCK_M<D>)) * p.batch * p.heads_q;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    int device = 0, sms = 0;
-    if (cudaError_t e = cudaGetDevice(&device)) return e;
-    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) return e;
+    const int sms = p.multiprocessors;
+    if (sms <= 0) return cudaErrorInvalidDevice;
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
     kernel<<<blocks, (CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();
