@@ -4,9 +4,9 @@
 // registers: two consumer warpgroups, 64 keys each. It walks every query block (64 rows) of
 // every query head of its GQA group that can see its keys, which reduces dK and dV over the
 // group in registers (no atomics, deterministic). A producer thread loads K and V once, then
-// streams Q_i and dO_i through a 2-stage ring; the per-row statistics are read from global
-// memory by the consumers. Per query block,
-// with c = scale * log2(e) and the statistics lse2 = lse * log2(e), delta = rowsum(dO * O):
+// streams Q_i, dO_i and the step's per-row statistics through a ring (2 stages at d128, 4 at
+// d64). Per query block, with c = scale * log2(e) and the statistics lse2 = lse * log2(e),
+// delta = rowsum(dO * O):
 //   S^T  = K Q_i^T,   dP^T = V dO_i^T                 wgmma, operands from shared memory
 //   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query)
 //   dS^T = P^T (dP^T - delta)
@@ -14,12 +14,13 @@
 //                                                     from shared memory (only one register
 //                                                     A operand: with two, ptxas serializes
 //                                                     the d128 wgmma for want of registers)
-//   dQ_i += dS K                                      each warpgroup over its own 64 keys,
-//                                                     from dS^T in shared memory; TMA
-//                                                     reduce-add into an fp32 accumulator
-// The warpgroups never wait for each other, so one's elementwise work overlaps the other's
-// products; within a warpgroup the products are split into groups that overlap its own
-// exponentials and dQ stores (see the step body).
+//   dQ_i += dS K                                      over all 128 keys, by one warpgroup per
+//                                                     step (alternating), from dS^T in shared
+//                                                     memory; TMA reduce-add into an fp32
+//                                                     accumulator
+// The warpgroups wait for each other only over dS^T (see the step body), so one's
+// elementwise work mostly overlaps the other's products; within a warpgroup the products are
+// split into groups that overlap its own exponentials and dQ stores.
 // At the end dK is scaled by `scale` and both are stored (rows past Lk skipped); the op layer
 // scales and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS
 // only multiply those zero rows (dQ) or land in rows that are never stored (dK, dV), so only
@@ -40,8 +41,11 @@ namespace kt = kittens;
 constexpr int CONSUMERS = 2;
 constexpr int BLOCK_N = 64 * CONSUMERS;  // keys per block
 constexpr int BLOCK_M = 64;              // query rows per step
-// Q/dO ring depth: what fits beside K, V and the dS/dQ staging (d128 uses ~210 of 227 KiB).
+// Q/dO ring depth: what fits beside K, V and the dS/dQ staging (d128 uses ~225 of 227 KiB).
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
+// Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): the step's dS^T is complete in
+// shared memory (4 + parity), and the step's dQ product has read it (6 + parity).
+constexpr int DS_READY = 4, DS_FREE = 6;
 constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -49,12 +53,14 @@ template <typename T, int D>
 struct Shared {
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using q_tile = kt::st<T, BLOCK_M, D>;
-    using ds_tile = kt::st<T, 64, BLOCK_M>;  // a warpgroup's dS^T: its 64 keys x the queries
+    using ds_tile = kt::st<T, BLOCK_N, BLOCK_M>;  // dS^T: the block's keys x the step's queries
     using dq_tile = kt::st<float, BLOCK_M, D>;
+    using row_stats = kt::sv<float, BLOCK_M>;
     kv_tile k, v;
     q_tile q[STAGES<D>], dout[STAGES<D>];
-    ds_tile ds[CONSUMERS];     // each warpgroup's dS^T, the A operand of its dQ product
-    dq_tile dq[CONSUMERS];     // each warpgroup's staging for its TMA reduce-adds
+    row_stats lse2[STAGES<D>], delta[STAGES<D>];  // the step's query rows, beside Q and dO
+    ds_tile ds[2];          // by step parity; warpgroup c writes rows 64c..64c+63
+    dq_tile dq[CONSUMERS];  // each warpgroup's staging for its TMA reduce-adds
     kt::semaphore kv_full, in_full[STAGES<D>], in_empty[STAGES<D>];
 };
 
@@ -115,9 +121,13 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             for (int step = 0; step < steps; step++) {
                 const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
                 if (step >= STAGES) kt::wait(sh.in_empty[s], (step / STAGES - 1) % 2);
-                kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>());
+                kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>() +
+                                                    2 * kt::tma::vector_bytes<typename S::row_stats>());
                 kt::tma::load_async(sh.q[s], &g.q_map, kt::coord{b, h, i, 0}, sh.in_full[s]);
                 kt::tma::load_async(sh.dout[s], &g.dout_map, kt::coord{b, h, i, 0}, sh.in_full[s]);
+                // (the statistics are padded to whole 64-row blocks: always in bounds)
+                kt::tma::load_async(sh.lse2[s], g.lse2.ptr(b, h, 0, i * BLOCK_M), sh.in_full[s]);
+                kt::tma::load_async(sh.delta[s], g.delta.ptr(b, h, 0, i * BLOCK_M), sh.in_full[s]);
             }
         }
         return;
@@ -137,22 +147,28 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     kt::zero(dv);
     kt::rt<T, 16, BLOCK_M> p_t;  // register A operand of the dV product
 
-    // One step per query block; within it the warpgroup splits its products into wgmma groups
-    // (which complete in issue order) so that its own elementwise work overlaps them:
+    // One step per query block. dQ_i = dS K needs the dS of all 128 keys, so one warpgroup per
+    // step (the step's parity: the "owner") computes it over both halves of dS^T and issues
+    // one reduce-add; that halves the fp32 reduce traffic into L2 against a partial dQ per
+    // warpgroup. The other warpgroup only signals: DS_READY when its half of dS^T is stored,
+    // and it waits on DS_FREE (the owner's dQ has read that buffer) two steps later, before
+    // overwriting it. Within a step the products are split into wgmma groups (completing in
+    // issue order) that overlap the warpgroup's own elementwise work:
     //   issue S^T_j, commit; issue dP^T_j, commit
     //   wait<1>: S^T_j done                 P^T_j = exp2(...) while dP^T_j runs
     //   wait<0>: dP^T_j done                dS^T_j into shared memory
-    //   issue dQ_j, commit; issue dV_j, dK_j, commit
-    //   wait<1>: dQ_j done                  dQ_j staged and reduce-added while dV_j, dK_j run
-    //   wait<0>: all done                   release the stage
+    //   owner: issue dQ_j, commit           (after DS_READY)
+    //   issue dV_j, dK_j, commit
+    //   owner: wait<1>: dQ_j done           staged and reduce-added while dV_j, dK_j run
+    //   wait<0>: all done                   release the stage (owner: arrive at DS_FREE)
     // Nothing stays in flight across steps: with dV/dK still running into the next step, ptxas
-    // serializes every wgmma (C7515, measured with nvcc 13.0).
-    auto release = [&](int step) {
-        __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[step % STAGES]);  // Q, dO of that step are read
-    };
+    // serializes every wgmma (C7515, nvcc 13.0).
+    constexpr int BOTH = CONSUMERS * 4 * kt::WARP_THREADS;
+    static_assert(CONSUMERS == 2, "backward: dQ ownership alternates between two warpgroups");
     auto step_body = [&]<bool MASKED>(int step) {
         const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
+        const int parity = step % 2;
+        const bool owner = parity == consumer;
         kt::wait(sh.in_full[s], (step / STAGES) % 2);
         score_tile s_t, dp_t;
         kt::wgmma::fence();
@@ -160,11 +176,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::commit();
         kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
         kt::wgmma::commit();
-        // The statistics of the step's 64 query rows (a lane's 16 columns), from L1/L2 while
-        // the products run.
-        column_values lse2, delta;
-        kt::load(lse2, g.lse2, kt::coord{b, h, 0, i});
-        kt::load(delta, g.delta, kt::coord{b, h, 0, i});
+        column_values lse2, delta;  // the statistics of the step's 64 query rows (a lane's columns)
+        kt::load(lse2, sh.lse2[s]);
+        kt::load(delta, sh.delta[s]);
         kt::wgmma::wait<1>();  // S^T_j done
         kt::wgmma::fence_operand(s_t);
 
@@ -181,41 +195,54 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::mul(dp_t, dp_t, s_t);  // dS^T
         kt::copy(p_t, s_t);
 
-        // dS^T goes through shared memory, where dK += dS^T Q_i reads it as a K-major A and
-        // dQ_i += dS K as a transposed A: only P^T stays a register operand, which keeps the
-        // products in flight within the registers.
-        auto& ds_smem = sh.ds[consumer];
+        // dS^T goes through shared memory, where dK += dS^T Q_i reads this warpgroup's rows as
+        // a K-major A and dQ_i += dS K all rows as a transposed A: only P^T stays a register
+        // operand, which keeps the products in flight within the registers.
+        auto& ds_smem = sh.ds[parity];
+        if (!owner && step >= 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + parity);
         {
             kt::rt<T, 16, BLOCK_M> ds_t;
             kt::copy(ds_t, dp_t);
-            kt::store(kt::subtile<16, BLOCK_M>(ds_smem, warp, 0), ds_t);
+            kt::store(kt::subtile<16, BLOCK_M>(ds_smem, consumer * 4 + warp, 0), ds_t);
         }
         kt::fence_async_proxy();
-        kt::warpgroup::sync(1 + consumer);
-        kt::rt_fl<16, D> dq;
-        kt::wgmma::fence();
-        kt::wgmma::mma_AtB(dq, ds_smem, k_mine, false);
-        kt::wgmma::commit();
-        kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
-        kt::wgmma::mma_AB(dk, ds_smem, sh.q[s], true);
-        kt::wgmma::commit();
-        kt::wgmma::wait<1>();  // dQ_i done
-        kt::wgmma::fence_operand(dq);
-        const bool issuer = kt::warpgroup::thread() == 0;
-        if (issuer) kt::tma::store_wait_read<0>();  // the last reduce-add has read the staging tile
-        kt::warpgroup::sync(1 + consumer);
-        kt::store(kt::subtile<16, D>(sh.dq[consumer], warp, 0), dq);
-        kt::fence_async_proxy();
-        kt::warpgroup::sync(1 + consumer);
-        if (issuer) {
-            kt::tma::store_add_async(&g.dq_map, sh.dq[consumer], kt::coord{b, h, i, 0});
-            kt::tma::store_commit();
+        const auto ds_mine = kt::subtile<64, BLOCK_M>(ds_smem, consumer, 0);
+        if (owner) {
+            kt::warpgroup::sync_with<BOTH>(DS_READY + parity);  // both halves stored
+            kt::rt_fl<16, D> dq;
+            kt::wgmma::fence();
+            kt::wgmma::mma_AtB(dq, ds_smem, sh.k, false);
+            kt::wgmma::commit();
+            kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
+            kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
+            kt::wgmma::commit();
+            kt::wgmma::wait<1>();  // dQ_i done
+            kt::wgmma::fence_operand(dq);
+            const bool issuer = kt::warpgroup::thread() == 0;
+            if (issuer) kt::tma::store_wait_read<0>();  // the last reduce-add has read the staging tile
+            kt::warpgroup::sync(1 + consumer);
+            kt::store(kt::subtile<16, D>(sh.dq[consumer], warp, 0), dq);
+            kt::fence_async_proxy();
+            kt::warpgroup::sync(1 + consumer);
+            if (issuer) {
+                kt::tma::store_add_async(&g.dq_map, sh.dq[consumer], kt::coord{b, h, i, 0});
+                kt::tma::store_commit();
+            }
+        } else {
+            kt::warpgroup::arrive_at<BOTH>(DS_READY + parity);
+            kt::warpgroup::sync(1 + consumer);  // this warpgroup's rows stored before its dK reads them
+            kt::wgmma::fence();
+            kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
+            kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
+            kt::wgmma::commit();
         }
-        kt::wgmma::wait<0>();  // dV/dK_j done: p_t, dS^T and the stage are free
+        kt::wgmma::wait<0>();  // dV/dK_j (and dQ_j) done: p_t, dS^T and the stage are free
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
-        release(step);
+        if (owner && step + 2 < steps) kt::warpgroup::arrive_at<BOTH>(DS_FREE + parity);
+        __syncwarp();
+        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q, dO and the statistics are read
     };
 
     kt::wait(sh.kv_full, 0);
