@@ -241,6 +241,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
         if (owner && step + 2 < steps) kt::warpgroup::arrive_at<BOTH>(DS_FREE + parity);
+        // The statistics were read by plain loads and the producer's next bulk copy into the
+        // stage writes through the async proxy: order the two before the release.
+        kt::fence_async_proxy();
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q, dO and the statistics are read
     };
