@@ -191,4 +191,82 @@ void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_
     check_launch("semaphore_pipeline");
 }
 
+// The same ring across a cluster of two CTAs that share every tile (TMA multicast):
+// CTA r loads column half r of tile t (64 x 32 floats, one 128-byte panel of the tile) into
+// stage t % 2 of both CTAs. Each CTA's full semaphore expects the whole tile (its own half
+// and its partner's); a stage is free again once the consumer warps of both CTAs released
+// it (arrive locally, arrive_remote on the partner: 8 arrivals). Cluster c reads batch c of
+// `in`; CTA r of cluster c writes rows (2c + r) * 64 .. of out: the sum of its cluster's
+// tiles. Exercises cluster rank/id, the cluster barrier, multicast and remote arrivals.
+__global__ void __launch_bounds__(256, 1) cluster_pipeline_kernel(const __grid_constant__ CUtensorMap half_map,
+                                                                  int tiles, gl<float> out) {
+    using ST = st<float, 64, 64>;
+    using HALF = st<float, 64, 32>;
+    static_assert(2 * sizeof(HALF) == sizeof(ST) && ST::panel_bytes == sizeof(HALF));
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& stages = alloc.allocate<ST[2]>();
+    auto& full = alloc.allocate<semaphore[2]>();
+    auto& empty = alloc.allocate<semaphore[2]>();
+    if (cluster::size() != 2) __trap();
+    const int rank = cluster::rank(), partner = rank ^ 1, batch = cluster::id();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; s++) {
+            init_semaphore(full[s], 1);
+            init_semaphore(empty[s], 8);  // 4 consumer warps x 2 CTAs
+        }
+        fence_semaphore_init();
+    }
+    cluster::sync();  // both CTAs' semaphores are initialised before any multicast or remote arrival
+    if (warp_id() >= 4) {
+        if (threadIdx.x == 128) {
+            for (int t = 0; t < tiles; t++) {
+                const int s = t % 2;
+                if (t >= 2) wait(empty[s], (t / 2 - 1) % 2);  // both CTAs released use t-2
+                expect_bytes(full[s], tma::tile_bytes<ST>());
+                HALF& half = *reinterpret_cast<HALF*>(reinterpret_cast<char*>(&stages[s]) + rank * sizeof(HALF));
+                tma::load_async_multicast(half, &half_map, coord{batch, 0, t, rank}, full[s], 0b11);
+            }
+        }
+    } else {
+        rt_fl<16, 64> sum, x;
+        zero(sum);
+        for (int t = 0; t < tiles; t++) {
+            const int s = t % 2;
+            wait(full[s], (t / 2) % 2);
+            load(x, subtile<16, 64>(stages[s], warp_id(), 0));
+            add(sum, sum, x);
+            __syncwarp();
+            if (lane_id() == 0) {
+                arrive(empty[s]);
+                arrive_remote(empty[s], partner);
+            }
+        }
+        store(out, sum, coord{0, 0, (2 * batch + rank) * 4 + warp_id(), 0});
+    }
+    cluster::sync();  // no CTA exits while its partner may still arrive on its semaphores
+}
+
+void cluster_pipeline(const gl_args& in, int tiles, int clusters, const gl_args& out, int64_t stream) {
+    using ST = st<float, 64, 64>;
+    using HALF = st<float, 64, 32>;
+    const int smem = shared_bytes_for<ST[2], semaphore[2], semaphore[2]>();
+    auto kernel = cluster_pipeline_kernel;
+    allow_shared(kernel, smem);
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 2;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(2 * clusters);
+    config.blockDim = dim3(256);
+    config.dynamicSmemBytes = smem;
+    config.stream = as_stream(stream);
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    const CUtensorMap map = tensor_map<HALF>(make_gl<float>(in));
+    check_cuda(cudaLaunchKernelEx(&config, kernel, map, tiles, make_gl<float>(out)), "cluster_pipeline");
+}
+
 }  // namespace tk_test
