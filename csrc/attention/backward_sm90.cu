@@ -4,8 +4,8 @@
 // registers: two consumer warpgroups, 64 keys each. It walks every query block (64 rows) of
 // every query head of its GQA group that can see its keys, which reduces dK and dV over the
 // group in registers (no atomics, deterministic). A producer thread loads K and V once, then
-// streams Q_i, dO_i and the step's per-row statistics through a ring (2 stages at d128, 4 at
-// d64). Per query block, with c = scale * log2(e) and the statistics lse2 = lse * log2(e),
+// streams Q_i and dO_i through a ring (2 stages at d128, 4 at d64); the consumers read the
+// per-row statistics from global memory a step ahead. Per query block, with c = scale * log2(e) and the statistics lse2 = lse * log2(e),
 // delta = rowsum(dO * O):
 //   S^T  = K Q_i^T,   dP^T = V dO_i^T                 wgmma, operands from shared memory
 //   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query)
@@ -55,10 +55,8 @@ struct Shared {
     using q_tile = kt::st<T, BLOCK_M, D>;
     using ds_tile = kt::st<T, BLOCK_N, BLOCK_M>;  // dS^T: the block's keys x the step's queries
     using dq_tile = kt::st<float, BLOCK_M, D>;
-    using row_stats = kt::sv<float, BLOCK_M>;
     kv_tile k, v;
     q_tile q[STAGES<D>], dout[STAGES<D>];
-    row_stats lse2[STAGES<D>], delta[STAGES<D>];  // the step's query rows, beside Q and dO
     ds_tile ds[2];          // by step parity; warpgroup c writes rows 64c..64c+63
     dq_tile dq[CONSUMERS];  // each warpgroup's staging for its TMA reduce-adds
     kt::semaphore kv_full, in_full[STAGES<D>], in_empty[STAGES<D>];
@@ -121,13 +119,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             for (int step = 0; step < steps; step++) {
                 const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
                 if (step >= STAGES) kt::wait(sh.in_empty[s], (step / STAGES - 1) % 2);
-                kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>() +
-                                                    2 * kt::tma::vector_bytes<typename S::row_stats>());
+                kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>());
                 kt::tma::load_async(sh.q[s], &g.q_map, kt::coord{b, h, i, 0}, sh.in_full[s]);
                 kt::tma::load_async(sh.dout[s], &g.dout_map, kt::coord{b, h, i, 0}, sh.in_full[s]);
-                // (the statistics are padded to whole 64-row blocks: always in bounds)
-                kt::tma::load_async(sh.lse2[s], g.lse2.ptr(b, h, 0, i * BLOCK_M), sh.in_full[s]);
-                kt::tma::load_async(sh.delta[s], g.delta.ptr(b, h, 0, i * BLOCK_M), sh.in_full[s]);
             }
         }
         return;
@@ -165,6 +159,17 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // serializes every wgmma (C7515, nvcc 13.0).
     constexpr int BOTH = CONSUMERS * 4 * kt::WARP_THREADS;
     static_assert(CONSUMERS == 2, "backward: dQ ownership alternates between two warpgroups");
+    // The statistics of a step's 64 query rows (a lane's columns), from global memory (L2):
+    // loaded right before use they stalled the warps (ncu: 31% of stalls). At d64 they are
+    // loaded a step ahead; at d128 that spills, so there while S^T and dP^T run.
+    constexpr bool STATISTICS_AHEAD = D <= 64;
+    column_values lse2, delta;
+    auto load_statistics = [&](int step) {
+        if (step < steps) {
+            kt::load(lse2, g.lse2, kt::coord{b, step_head(step), 0, step_q_block(step)});
+            kt::load(delta, g.delta, kt::coord{b, step_head(step), 0, step_q_block(step)});
+        }
+    };
     auto step_body = [&]<bool MASKED>(int step) {
         const int s = step % STAGES, i = step_q_block(step), h = step_head(step);
         const int parity = step % 2;
@@ -176,9 +181,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::commit();
         kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
         kt::wgmma::commit();
-        column_values lse2, delta;  // the statistics of the step's 64 query rows (a lane's columns)
-        kt::load(lse2, sh.lse2[s]);
-        kt::load(delta, sh.delta[s]);
+        if constexpr (!STATISTICS_AHEAD) load_statistics(step);  // while the products run
         kt::wgmma::wait<1>();  // S^T_j done
         kt::wgmma::fence_operand(s_t);
 
@@ -241,13 +244,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
         if (owner && step + 2 < steps) kt::warpgroup::arrive_at<BOTH>(DS_FREE + parity);
-        // The statistics were read by plain loads and the producer's next bulk copy into the
-        // stage writes through the async proxy: order the two before the release.
-        kt::fence_async_proxy();
         __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q, dO and the statistics are read
+        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i and dO_i are read
+        if constexpr (STATISTICS_AHEAD) load_statistics(step + 1);
     };
 
+    if constexpr (STATISTICS_AHEAD) load_statistics(0);
     kt::wait(sh.kv_full, 0);
     for (int step = 0; step < steps; step++) {
         // Causal: the query block starts before this block's last key.

@@ -12,7 +12,6 @@
 #include "../common/base_types.cuh"
 #include "../types/global/gl.cuh"
 #include "../types/shared/st.cuh"
-#include "../types/shared/sv.cuh"
 #include "semaphore.cuh"
 
 namespace kittens::tma {
@@ -114,21 +113,6 @@ __device__ __forceinline__ void load_async_multicast(ST& dst, const CUtensorMap*
             "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem)), "h"(cta_mask)
             : "memory");
     }
-}
-
-template <typename SV> constexpr uint32_t vector_bytes() { return uint32_t(SV::length * sizeof(typename SV::dtype)); }
-
-// dst = the SV::length contiguous elements at src (global, 16-byte aligned), by the copy
-// engine without a tensor map; completes on `sem` (call expect_bytes(sem, vector_bytes<SV>())
-// in the same phase). No bounds: all of src must be readable.
-template <typename SV>
-    requires shared_vector<SV>
-__device__ __forceinline__ void load_async(SV& dst, const typename SV::dtype* src, semaphore& sem) {
-    static_assert(vector_bytes<SV>() % 16 == 0, "tma::load_async: a bulk copy moves multiples of 16 bytes");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     shared_address(&dst)),
-                 "l"(src), "n"(vector_bytes<SV>()), "r"(shared_address(&sem))
-                 : "memory");
 }
 
 namespace detail {
