@@ -219,53 +219,6 @@ def test_batched_transposed_and_broadcast(kernel, dtype):
     assert_close_to_reference(out, a, b)
 
 
-# ---- clusters: pairs of tile-rows ----------------------------------------------------------
-# The kernel runs clusters of two CTAs on 128-row tiles 2p and 2p + 1 of one 256-column tile
-# (they share B through TMA multicast). An odd tile-row count leaves the second CTA of each
-# tile-column's last pair without a tile: it must still take part and write nothing (in a
-# batch, its rows would be the next batch's, which the comparison would catch). Pairs must not
-# straddle two batches. N = 333 takes the register-store epilogue (N % 8 != 0, b column-major
-# so that TMA can still read it). The launch uses pairs unless they would take more rounds of
-# the persistent grid than single tiles; these cases have at most 54 pairs and 108 tiles, one
-# round either way on an H100/H200, so they run as pairs.
-
-PAIR_M = [128 * 3, 128 * 5, 128 * 4 + 1, 128 * 11, 128 * 17 + 3]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("batch", [1, 3, "a broadcast", "b broadcast"],
-                         ids=["batch1", "batch3", "a-broadcast", "b-broadcast"])
-@pytest.mark.parametrize("n_b_t", [(264, False), (264, True), (333, True)],
-                         ids=["c-tma-b", "c-tma-b.mT", "c-registers-b.mT"])
-@pytest.mark.parametrize("m", PAIR_M)
-def test_cluster_pairs_of_tile_rows(kernel, m, n_b_t, batch, dtype):
-    n, b_t = n_b_t
-    k = 520  # a partial last k-step
-    seeded("pairs", m, n, b_t, batch, dtype)
-    a_batch = 3 if batch in (3, "b broadcast") else 1
-    b_batch = 3 if batch in (3, "a broadcast") else 1
-    a = randn((a_batch, m, k), dtype)
-    b = randn((b_batch, n, k), dtype).mT if b_t else randn((b_batch, k, n), dtype)
-    plan = tk.explain_matmul(a, b)
-    assert plan.uses_kernel and not plan.copies, str(plan)
-    out = call_op_on_poisoned_memory(a, b)
-    assert_close_to_reference(out, a, b)
-
-
-# Several rounds of the persistent grid, on a 132-SM H100/H200 (66 clusters of two): 16 and 15
-# tile-rows x 16 tile-columns run as 128 pairs, two per cluster (the odd one with an idle CTA in
-# every tile-column), in as many rounds as 256/240 single tiles; one tile-row x 140 tile-columns
-# would take 3 rounds as pairs against 2 as tiles, so it runs without clusters.
-@pytest.mark.parametrize("mnk", [(128 * 16, 4096, 520), (128 * 15 - 5, 4096, 520), (100, 256 * 140, 520)],
-                         ids=lambda s: "x".join(map(str, s)))
-def test_cluster_rounds(kernel, mnk):
-    m, n, k = mnk
-    seeded("rounds", mnk)
-    a, b = randn((m, k), torch.bfloat16), randn((k, n), torch.bfloat16)
-    out = call_op_on_poisoned_memory(a.unsqueeze(0), b.unsqueeze(0))[0]
-    assert_close_to_reference(out, a, b)
-
-
 def test_copied_operands(kernel):
     seeded("copies")
     a = randn((512, 256, 2), torch.bfloat16)[..., 0]     # strides (512, 2): no contiguous dim

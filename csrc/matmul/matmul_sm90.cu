@@ -4,20 +4,8 @@
 //
 // - one task is a 128 x 256 tile of C; a persistent grid walks the tasks in groups of 8
 //   tile-rows so that blocks running together share A rows and B columns in L2;
-// - the blocks run in clusters of two (thread-block clusters, sm_90) whose CTAs take the
-//   two tiles of a pair: tile-rows 2p and 2p + 1 of the same tile-column, which read the
-//   same 64 x 256 slices of B;
-// - a producer thread per CTA streams 64-deep K slices of A and B through a 4-stage TMA
-//   ring: its own A slice, and half of the shared B slice (128 of the 256 columns), which
-//   TMA multicast writes into both CTAs of the cluster. Each CTA so reads 32 KB per k-step
-//   from L2 instead of 48 KB. The template (kittens/hopper/pipeline.cuh, cluster_size)
-//   makes a stage free only when the consumers of both CTAs are done with it.
-//   Out-of-range rows/cols arrive as zeros, so any M, N, K works without padding; when
-//   the tile-rows are odd, the second CTA of the last pair of a tile-column computes on a
-//   wholly out-of-range A (zeros) and writes nothing;
-// - where pairs would take more rounds of the persistent grid than single tiles (few,
-//   odd tile-rows: M <= 128 with many tile-columns, say) the same kernel runs without
-//   clusters (CLUSTER = 1: one CTA per tile, the whole B slice of its own);
+// - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
+//   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
 // - two consumer warpgroups each own 64 rows and issue wgmma 64x256x16 from shared
 //   memory, keeping one wgmma group in flight (release_lag = 1) so the tensor cores do
 //   not drain at every stage;
@@ -30,7 +18,6 @@
 //   with bounds checks instead.
 #include <cuda.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -47,21 +34,11 @@ constexpr int BM = 128, BN = 256, BK = 64;
 constexpr int STAGES = 4;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 
-template <typename T, bool A_T, bool B_T, bool C_TMA, int CLUSTER>
+template <typename T, bool A_T, bool B_T, bool C_TMA>
 struct Layout {
-    static_assert(CLUSTER == 1 || CLUSTER == 2, "matmul: CTAs per cluster are 1 or 2");
-    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = 1, cluster_size = CLUSTER;
-    static constexpr bool c_tma = C_TMA;
+    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
-    // The half of a B slice (128 of its 256 columns, N) that each CTA of a cluster loads and
-    // multicasts. Half h of b_tile is a b_half at byte h * sizeof(b_half) of it: row-major
-    // B (K x N) is stored as 64-column panels and half h is panels 2h, 2h+1; column-major B
-    // (read as N x K) is one 64-column panel and half h is rows 128h.., a whole number of
-    // 8-row swizzle atoms, so TMA's address-based swizzle writes it exactly as the full
-    // tile's copy would.
-    using b_half = std::conditional_t<B_T, kt::st<T, BN / 2, BK>, kt::st<T, BK, BN / 2>>;
-    using b_box = std::conditional_t<CLUSTER == 1, b_tile, b_half>;  // what one CTA loads of B
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
     struct inputs {
         a_tile a;
@@ -72,56 +49,32 @@ struct Layout {
     };
     struct no_outputs {};
     using outputs = std::conditional_t<C_TMA, staged_outputs, no_outputs>;
-    // Bytes landing in each CTA per stage: its A, and all of B (with clusters: its own half
-    // and its partner's multicast).
     static constexpr uint32_t input_bytes = kt::tma::tile_bytes<a_tile>() + kt::tma::tile_bytes<b_tile>();
-    static_assert(2 * sizeof(b_half) == sizeof(b_tile) && 2 * kt::tma::tile_bytes<b_half>() == kt::tma::tile_bytes<b_tile>());
-    static_assert(B_T ? b_half::panel_cols == b_tile::panel_cols && b_tile::cols == b_tile::panel_cols
-                      : b_half::panel_bytes == b_tile::panel_bytes && b_half::cols % b_half::panel_cols == 0,
-                  "half of the B tile must be a contiguous, identically swizzled b_half");
 
     struct globals {
-        CUtensorMap a_map, b_map, c_map;  // b_map: b_box boxes; c_map is only used with C_TMA
+        CUtensorMap a_map, b_map, c_map;  // c_map is only used with C_TMA
         kt::gl<T> c;
         int batch, m, n, k;
         int m_tiles, n_tiles;
         bool a_batched, b_batched;  // false: batch 1, broadcast
     };
     struct task {
-        int batch, m_tile, n_tile;  // m_tile == m_tiles: the idle partner of an odd last row
-        int rank;                   // this CTA in its cluster: loads B half `rank` (CLUSTER 2)
+        int batch, m_tile, n_tile;
     };
     struct registers {
         kt::rt_fl<16, BN> acc;  // this warp's 16 rows of its warpgroup's 64
     };
 
-    // `index` numbers the units of work: a tile (CLUSTER 1), or a pair of tiles (tile-rows
-    // 2p, 2p + 1 of one tile-column and one batch; a pair never spans two batches) whose
-    // CTA `rank` takes tile-row 2p + rank. Within a batch, groups of 8 tile-rows are walked
-    // column by column. Both CTAs of a cluster get the same answer.
-    __device__ static bool get_task(task& t, int index, const globals& g, int rank = 0) {
-        if constexpr (CLUSTER == 1) {
-            constexpr int GROUP = 8;
-            const int per_batch = g.m_tiles * g.n_tiles;
-            if (index >= per_batch * g.batch) return false;
-            t.batch = index / per_batch;
-            const int local = index % per_batch;
-            const int first_m = local / (GROUP * g.n_tiles) * GROUP;
-            const int rows = min(GROUP, g.m_tiles - first_m), in_group = local % (GROUP * g.n_tiles);
-            t.m_tile = first_m + in_group % rows;
-            t.n_tile = in_group / rows;
-        } else {
-            constexpr int GROUP = 4;  // pairs: 8 tile-rows
-            const int m_pairs = (g.m_tiles + 1) / 2, per_batch = m_pairs * g.n_tiles;
-            if (index >= per_batch * g.batch) return false;
-            t.batch = index / per_batch;
-            const int local = index % per_batch;
-            const int first_pair = local / (GROUP * g.n_tiles) * GROUP;
-            const int pairs = min(GROUP, m_pairs - first_pair), in_group = local % (GROUP * g.n_tiles);
-            t.m_tile = 2 * (first_pair + in_group % pairs) + rank;
-            t.n_tile = in_group / pairs;
-            t.rank = rank;
-        }
+    __device__ static bool get_task(task& t, int index, const globals& g) {
+        constexpr int GROUP = 8;
+        const int per_batch = g.m_tiles * g.n_tiles;
+        if (index >= per_batch * g.batch) return false;
+        t.batch = index / per_batch;
+        const int local = index % per_batch;
+        const int first_m = local / (GROUP * g.n_tiles) * GROUP;
+        const int rows = min(GROUP, g.m_tiles - first_m), in_group = local % (GROUP * g.n_tiles);
+        t.m_tile = first_m + in_group % rows;
+        t.n_tile = in_group / rows;
         return true;
     }
     __device__ static int iterations(const task&, const globals& g) { return kt::ceil_div(g.k, BK); }
@@ -129,15 +82,7 @@ struct Layout {
     __device__ static void load(inputs& in, const task& t, int it, const globals& g, kt::semaphore& sem) {
         const int ab = g.a_batched ? t.batch : 0, bb = g.b_batched ? t.batch : 0;
         kt::tma::load_async(in.a, &g.a_map, A_T ? kt::coord{ab, 0, it, t.m_tile} : kt::coord{ab, 0, t.m_tile, it}, sem);
-        if constexpr (CLUSTER == 1) {
-            kt::tma::load_async(in.b, &g.b_map, B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile}, sem);
-        } else {
-            // Half `rank` of the B slice, into both CTAs (same offset, same semaphore offset).
-            const int half = 2 * t.n_tile + t.rank;  // in b_half units along N
-            b_half& dst = *reinterpret_cast<b_half*>(reinterpret_cast<char*>(&in.b) + t.rank * sizeof(b_half));
-            kt::tma::load_async_multicast(dst, &g.b_map, B_T ? kt::coord{bb, 0, half, it} : kt::coord{bb, 0, it, half},
-                                          sem, 0b11);
-        }
+        kt::tma::load_async(in.b, &g.b_map, B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile}, sem);
     }
 
     __device__ static void setup(registers&, const task&) {}  // the first k-step overwrites acc
@@ -160,8 +105,6 @@ struct Layout {
     __device__ static void drain(registers&, int) { kt::wgmma::wait<0>(); }
 
     __device__ static void finish(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
-        if constexpr (CLUSTER > 1)
-            if (t.m_tile >= g.m_tiles) return;  // the idle partner: nothing of C is its own
         if constexpr (C_TMA) {
             const int row_tile = t.m_tile * (BM / 64) + consumer;  // in 64-row units
             const int barrier = 1 + consumer;                      // named barrier of this warpgroup
@@ -205,99 +148,38 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
                      int64_t(r) * op.leading_stride, op.leading_stride);
 }
 
-int multiprocessors(int device) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+int multiprocessors() {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 0;
     return sms;
 }
 
-// Launch configuration of Layout L: grid, block, shared memory and, with clusters, the
-// cluster dimension (attribute storage is the caller's).
-template <typename L>
-cudaLaunchConfig_t launch_config(int blocks, cudaStream_t stream, cudaLaunchAttribute* attribute) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(kt::pipeline::threads<L>());
-    config.dynamicSmemBytes = kt::pipeline::shared_bytes<L>();
-    config.stream = stream;
-    if constexpr (L::cluster_size > 1) {
-        attribute->id = cudaLaunchAttributeClusterDimension;
-        attribute->val.clusterDim.x = L::cluster_size;
-        attribute->val.clusterDim.y = 1;
-        attribute->val.clusterDim.z = 1;
-        config.attrs = attribute;
-        config.numAttrs = 1;
-    }
-    return config;
-}
-
-// How many clusters of Layout L's kernel fit on `device` at once: not simply SMs /
-// cluster size, since a cluster's CTAs must sit in one GPC and a GPC may have an odd
-// number of usable SMs. Asked once per (layout, device) and kept; 0 when the query
-// fails or none fit (not kept: asked again next time), and the caller then does without
-// clusters.
-template <typename L>
-int max_active_clusters(int device, cudaStream_t stream) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> known[kMaxDevices] = {};  // 0: not known yet
-    if (device < 0 || device >= kMaxDevices) return 0;
-    int clusters = known[device].load(std::memory_order_relaxed);
-    if (clusters > 0) return clusters;
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = launch_config<L>(L::cluster_size, stream, &attribute);
-    if (cudaFuncSetAttribute(kt::pipeline::kernel<L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(config.dynamicSmemBytes)) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&clusters, kt::pipeline::kernel<L>, &config) != cudaSuccess || clusters <= 0) {
-        (void)cudaGetLastError();  // clear it: the launch goes on without clusters
-        return 0;
-    }
-    known[device].store(clusters, std::memory_order_relaxed);
-    return clusters;
-}
-
-template <typename L, typename T>
-cudaError_t run(const MatmulParams& p, const kt::gl<T>& a, const kt::gl<T>& b, const kt::gl<T>& c, int blocks,
-                cudaStream_t stream) {
+template <typename T, bool A_T, bool B_T, bool C_TMA>
+cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
+    using L = Layout<T, A_T, B_T, C_TMA>;
+    const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
+    const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
     CUtensorMap a_map, b_map, c_map{};
     if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename L::b_box>(&b_map, b) != CUDA_SUCCESS)
+        kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
-    if constexpr (L::c_tma)
+    if constexpr (C_TMA)
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.m, p.n, p.k,
                                 kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1};
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = launch_config<L>(blocks, stream, &attribute);
-    auto kernel = kt::pipeline::kernel<L>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(config.dynamicSmemBytes)))
-        return e;
-    return cudaLaunchKernelEx(&config, kernel, g);
-}
 
-// Pairs of tiles on clusters of two, or single tiles on single CTAs: whichever needs
-// fewer rounds of the persistent grid (the most tasks one block or cluster takes); pairs
-// on a tie, since they read less from L2. Single tiles win when the tile-rows are few
-// and odd (M <= 128: every pair is half idle) and there is more than one round of work.
-template <typename T, bool A_T, bool B_T, bool C_TMA>
-cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
-    using Single = Layout<T, A_T, B_T, C_TMA, 1>;
-    using Paired = Layout<T, A_T, B_T, C_TMA, 2>;
-    const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
-    const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
-
-    const int64_t m_tiles = kt::ceil_div(p.m, BM), n_tiles = kt::ceil_div(p.n, BN);
-    const int64_t tiles = m_tiles * n_tiles * p.batch, pairs = (m_tiles + 1) / 2 * n_tiles * p.batch;
-    if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    int device = 0;
-    if (cudaError_t e = cudaGetDevice(&device)) return e;
-    const int sms = multiprocessors(device);
+    const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    const int sms = multiprocessors();
     if (sms == 0) return cudaErrorInvalidDevice;
-    const int clusters = max_active_clusters<Paired>(device, stream);
-    const int64_t single_rounds = (tiles + sms - 1) / sms;
-    if (clusters > 0 && (pairs + clusters - 1) / clusters <= single_rounds)
-        return run<Paired>(p, a, b, c, 2 * int(pairs < clusters ? pairs : clusters), stream);
-    return run<Single>(p, a, b, c, int(tiles < sms ? tiles : sms), stream);
+    constexpr int smem = kt::pipeline::shared_bytes<L>();
+    auto kernel = kt::pipeline::kernel<L>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    const int blocks = int(tasks < sms ? tasks : sms);
+    kernel<<<blocks, kt::pipeline::threads<L>(), smem, stream>>>(g);
+    return cudaGetLastError();
 }
 
 // The instantiations: one row per (element type, A column-major, B column-major, C rows

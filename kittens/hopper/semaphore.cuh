@@ -40,27 +40,6 @@ __device__ __forceinline__ void arrive(semaphore& s, uint32_t count = 1) {
                  : "memory");
 }
 
-// One plain arrival on the semaphore at the same shared-memory offset in CTA `cta` (its
-// rank, 0 .. cluster size - 1) of this thread's cluster: mapa turns the local address
-// into that CTA's. The semaphore there must be initialised (a cluster barrier after
-// init) and that CTA must not have exited (a cluster barrier before exit).
-// Release at CTA scope, like arrive(): enough to say "my reads of a buffer that your
-// copies will overwrite are done" when those reads have already retired (e.g. wgmma
-// reads after wgmma::wait), which is what the pipeline template uses it for; the waiter
-// uses plain wait(). Cluster scope (.release.cluster) would put MEMBAR.ALL.GPU before
-// every arrival in SASS (it waits for the thread's outstanding global writes too), and
-// nothing here publishes ordinary writes to the other CTA.
-__device__ __forceinline__ void arrive_remote(semaphore& s, int cta) {
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cta.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(shared_address(&s)),
-        "r"(cta)
-        : "memory");
-}
-
 // Block until the phase with parity `phase` (0 or 1) has completed.
 __device__ __forceinline__ void wait(semaphore& s, int phase) {
     const uint32_t addr = shared_address(&s);

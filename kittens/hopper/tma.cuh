@@ -91,30 +91,6 @@ __device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coor
     }
 }
 
-// load_async into several CTAs of the cluster at once (sm_90a): the copy engine reads
-// tile `at` once and writes it at the same shared-memory offset as `dst` in every CTA
-// whose rank bit is set in `cta_mask` (bit r: rank r; the issuing CTA need not be one of
-// them), and completes tile_bytes<ST>() on the semaphore at the same offset as `sem` in
-// each of those CTAs. Each destination CTA's semaphore must therefore expect these
-// bytes in the phase the copy belongs to (whoever issues the copy), be initialised
-// before the copy can start (a cluster barrier after init), and the destination CTAs
-// must be done reading the previous contents of `dst` (the issuer learns that through
-// arrive_remote on a semaphore of its own).
-template <typename ST>
-__device__ __forceinline__ void load_async_multicast(ST& dst, const CUtensorMap* map, coord at, semaphore& sem,
-                                                     uint16_t cta_mask) {
-    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
-#pragma unroll
-    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
-        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
-        asm volatile(
-            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-            " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst.address(0, p * ST::panel_cols)),
-            "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem)), "h"(cta_mask)
-            : "memory");
-    }
-}
-
 namespace detail {
 // One bulk tensor store per panel; ADD makes the copy engine add into global memory.
 template <bool ADD, typename ST>

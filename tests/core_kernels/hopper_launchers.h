@@ -17,9 +17,4 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
 // out (64 x 64 float) = sum over the 64-row tiles of in, through a 2-stage TMA ring.
 void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream);
 
-// The same over clusters of two CTAs sharing each tile by TMA multicast: in is (clusters,
-// 1, tiles * 64, 64) float; rows (2c + r) * 64 .. of out (2 * clusters * 64 x 64) = the
-// sum of batch c's tiles, for both CTAs r of cluster c.
-void cluster_pipeline(const gl_args& in, int tiles, int clusters, const gl_args& out, int64_t stream);
-
 }  // namespace tk_test
