@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "attention/forward_params.h"
+#include "device_facts.h"
 
 namespace tk::attention {
 namespace {
@@ -74,12 +75,6 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     }
 }
 
-void check_hopper(const at::Tensor& q, const char* op) {
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    TORCH_CHECK(props->major == 9 && props->minor == 0, op, "the sm90 kernels need an sm_90 (Hopper) GPU, ",
-                q.device(), " is sm_", props->major, props->minor);
-}
-
 using Launcher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
 
 std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -108,7 +103,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
-    if (launch == &forward_sm90) check_hopper(q, kOp);
+    if (launch == &forward_sm90) check_sm90(q.device(), kOp, "tk.attention picks the sm80 kernel or SDPA there");
     at::Tensor out = at::empty({batch, heads_q, len_q, head_dim}, q.options());
     at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
 
@@ -138,9 +133,8 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     params.scale = static_cast<float>(scale);
     params.causal = is_causal;
     params.dtype = dtype;
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    params.multiprocessors = props->multiProcessorCount;
-    params.l2_bytes = props->l2CacheSize;
+    params.multiprocessors = multiprocessor_count();
+    params.l2_bytes = l2_cache_bytes();
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const cudaError_t status = launch(params, stream);
@@ -181,7 +175,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
-    check_hopper(q, op);
+    check_sm90(q.device(), op, "tk.attention computes gradients with SDPA there");
     const at::Tensor lse_rows = lse.contiguous();
     const int64_t len_q_padded = (len_q + 63) / 64 * 64;
     const auto f32 = q.options().dtype(at::kFloat);

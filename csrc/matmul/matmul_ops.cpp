@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "device_facts.h"
 #include "matmul/matmul_params.h"
 
 namespace tk::matmul {
@@ -86,10 +87,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
                 "batch sizes must be equal or 1, got a ", a.sizes(), " and b ", b.sizes());
 
     const c10::cuda::CUDAGuard device_guard(a.device());
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    TORCH_CHECK(props->major == 9 && props->minor == 0, kOp, "the kernel needs an sm_90 (Hopper) GPU, ",
-                a.device(), " is sm_", props->major, props->minor,
-                "; thunderkittens.matmul uses torch.matmul there");
+    check_sm90(a.device(), kOp, "thunderkittens.matmul uses torch.matmul there");
 
     MatmulParams p{};
     p.a = describe(a, "a");
@@ -99,6 +97,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
     p.k = static_cast<int>(a.size(2));
     p.n = static_cast<int>(b.size(2));
     p.dtype = dtype;
+    p.multiprocessors = multiprocessor_count();
     at::Tensor c = at::empty({batch, p.m, p.n}, a.options());
     p.c = c.mutable_data_ptr();
 

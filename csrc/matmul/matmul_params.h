@@ -26,6 +26,7 @@ struct MatmulParams {
     void* c;    // (batch, M, N) contiguous, the inputs' dtype
     int batch, m, n, k;
     ElementType dtype;
+    int multiprocessors;  // of the current device (torch's cached properties)
 };
 
 // TMA + wgmma kernel (sm_90a). Returns the first CUDA error (launch, tensor-map encoding

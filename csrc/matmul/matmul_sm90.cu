@@ -54,7 +54,7 @@ struct Layout {
     struct globals {
         CUtensorMap a_map, b_map, c_map;  // c_map is only used with C_TMA
         kt::gl<T> c;
-        int batch, m, n, k;
+        int batch, k;
         int m_tiles, n_tiles;
         bool a_batched, b_batched;  // false: batch 1, broadcast
     };
@@ -148,14 +148,6 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
                      int64_t(r) * op.leading_stride, op.leading_stride);
 }
 
-int multiprocessors() {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-        return 0;
-    return sms;
-}
-
 template <typename T, bool A_T, bool B_T, bool C_TMA>
 cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
     using L = Layout<T, A_T, B_T, C_TMA>;
@@ -167,13 +159,13 @@ cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     if constexpr (C_TMA)
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.m, p.n, p.k,
+    const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.k,
                                 kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1};
 
     const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    const int sms = multiprocessors();
-    if (sms == 0) return cudaErrorInvalidDevice;
+    const int sms = p.multiprocessors;
+    if (sms <= 0) return cudaErrorInvalidDevice;
     constexpr int smem = kt::pipeline::shared_bytes<L>();
     auto kernel = kt::pipeline::kernel<L>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
