@@ -9,13 +9,18 @@ forward's flops, as the benchmarks count them).
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import thunderkittens as tk
-from benchmarks.timing import median_ms  # run from the repository root
+# `python3 scripts/profile_attention.py` puts scripts/ on the path, not the repository root
+# where `benchmarks` lives (as in time_attention_backward.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import thunderkittens as tk  # noqa: E402
+from benchmarks.timing import median_ms  # noqa: E402
 
 
 def main():
