@@ -1,0 +1,79 @@
+"""Where the time of one attention forward + backward goes, kernel by kernel (torch.profiler's
+CUDA times, averaged over the timed iterations), for tk's sm90 ops and SDPA's cuDNN backend on
+the same inputs. A development tool: the user-facing numbers come from `python -m benchmarks`.
+
+    python3 scripts/attention_breakdown.py --config 16,16,768,768,64 --config 8,16,512,8192,128
+    (batch, heads, len_q, len_kv, head_dim[, causal])
+"""
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import thunderkittens  # noqa: E402,F401
+
+ITERATIONS = 10
+
+
+def kernel_times(fn) -> dict[str, float]:
+    """Mean microseconds per call of each CUDA kernel (and memset) fn launches."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(ITERATIONS):
+            fn()
+        torch.cuda.synchronize()
+    totals = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time / ITERATIONS
+    return dict(totals)
+
+
+def show(title: str, times: dict[str, float]) -> None:
+    total = sum(times.values())
+    print(f"  {title}: {total:8.1f} us in kernels")
+    for name, us in sorted(times.items(), key=lambda item: -item[1]):
+        print(f"    {us:8.1f} us {100 * us / total:5.1f}%  {name}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", action="append", required=True,
+                        help="batch,heads,len_q,len_kv,head_dim[,causal]")
+    args = parser.parse_args()
+    for text in args.config:
+        fields = [int(x) for x in text.split(",")]
+        b, h, lq, lk, d = fields[:5]
+        causal = bool(fields[5]) if len(fields) > 5 else False
+        q, dout = (torch.randn(b, h, lq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(b, h, lk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        scale = 1 / math.sqrt(d)
+
+        def ours():
+            out, lse = torch.ops.tk.attention_fwd_sm90(q, k, v, causal, scale)
+            torch.ops.tk.attention_bwd_sm90(dout, q, k, v, out, lse, causal, scale)
+
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            out.backward(dout)
+
+        print(f"b{b} h{h} lq{lq} lk{lk} d{d} {'causal' if causal else 'full'}", flush=True)
+        show("tk", kernel_times(ours))
+        show("cudnn", kernel_times(cudnn))
+
+
+if __name__ == "__main__":
+    main()
