@@ -28,7 +28,8 @@ struct ForwardParams {
     int len_q, len_kv;             // >= 1, arbitrary
     int head_dim;                  // 64 or 128
     float scale;                   // softmax scale applied to q.k
-    bool causal;                   // top-left aligned: key j visible to query i iff j <= i
+    bool causal;                   // key j visible to query i iff j <= i + causal_offset
+    int causal_offset;             // 0: SDPA's is_causal (top-left); Lk - Lq: causal_lower_right
     ElementType dtype;
 
     // Facts about the current device (from torch's cached properties: no query per launch).
@@ -59,7 +60,8 @@ struct BackwardParams {
     int len_q, len_kv;
     int head_dim;  // 64 or 128
     float scale;
-    bool causal;
+    bool causal;        // ForwardParams' rule: key j visible to query i iff j <= i + causal_offset
+    int causal_offset;  // rows that see no key (lower-right with Lq > Lk) have lse = -inf, out = 0
     ElementType dtype;
 };
 
