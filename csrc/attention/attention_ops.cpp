@@ -181,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     const auto f32 = q.options().dtype(at::kFloat);
     at::Tensor lse2 = at::empty({batch, heads_q, len_q_padded}, f32);
     at::Tensor delta = at::empty({batch, heads_q, len_q_padded}, f32);
-    at::Tensor dq_accum = at::zeros({batch, heads_q, len_q, head_dim}, f32);
+    at::Tensor dq_accum = at::empty({batch, heads_q, len_q, head_dim}, f32);  // zeroed by backward_statistics
     at::Tensor dq = at::empty({batch, heads_q, len_q, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dk = at::empty({batch, heads_kv, len_kv, head_dim}, k.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dv = at::empty({batch, heads_kv, len_kv, head_dim}, v.options().memory_format(at::MemoryFormat::Contiguous));
@@ -211,6 +211,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.scale = static_cast<float>(scale);
     params.causal = is_causal;
     params.dtype = dtype;
+    params.multiprocessors = multiprocessor_count();
+    params.l2_bytes = l2_cache_bytes();
+    at::Tensor task_counter;  // the causal kernel's task queue, zeroed by backward_statistics
+    if (is_causal) {
+        task_counter = at::empty({1}, q.options().dtype(at::kInt));
+        params.task_counter = task_counter.mutable_data_ptr<int>();
+    }
 
     const auto os = kernel_strides(out);
     const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};

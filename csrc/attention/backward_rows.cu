@@ -12,28 +12,43 @@ namespace kt = kittens;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr int WARPS_PER_BLOCK = 8;
 
-// delta = rowsum(dO * O) and lse2 = lse * log2(e) for rows < Lq; 0 and +inf for the padding
-// rows up to len_q_padded (the backward reads whole 64-row blocks).
+// Per query row (rows < Lq): delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf where lse is
+// -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one pass
+// instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole 64-row
+// blocks) get delta 0 and lse2 +inf. Also zeroes the backward kernel's task counter (causal),
+// which runs after this on the same stream. A row is LANES_PER_ROW lanes with 16-byte loads.
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* lse2, float* delta,
-                      int heads_q, int len_q, int len_q_padded, int64_t rows) {
-    const int64_t row = int64_t(blockIdx.x) * WARPS_PER_BLOCK + kt::warp_id();
-    if (row >= rows) return;
+                      float* dq_accum, int heads_q, int len_q, int len_q_padded, int64_t rows, int* task_counter) {
+    constexpr int CHUNK = 16 / int(sizeof(T));  // elements per 16-byte load
+    constexpr int LANES_PER_ROW = D / CHUNK, ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
+    static_assert(D % CHUNK == 0 && kt::WARP_THREADS % LANES_PER_ROW == 0, "statistics: head dim");
+    if (task_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *task_counter = 0;
+    const int lane = kt::lane_id(), part = lane % LANES_PER_ROW;
+    const int64_t row = (int64_t(blockIdx.x) * WARPS_PER_BLOCK + kt::warp_id()) * ROWS_PER_WARP + lane / LANES_PER_ROW;
     const int i = int(row % len_q_padded);
     const int64_t bh = row / len_q_padded;
-    const int b = int(bh / heads_q), h = int(bh % heads_q);
+    const bool real = row < rows && i < len_q;
     float dot = 0.f;
-    if (i < len_q) {
+    if (real) {
+        const int b = int(bh / heads_q), h = int(bh % heads_q), c = part * CHUNK;
+        const uint4 x = *reinterpret_cast<const uint4*>(dout.ptr(b, h, i, c));
+        const uint4 y = *reinterpret_cast<const uint4*>(out.ptr(b, h, i, c));
+        const T* xs = reinterpret_cast<const T*>(&x);
+        const T* ys = reinterpret_cast<const T*>(&y);
 #pragma unroll
-        for (int c = kt::lane_id(); c < D; c += kt::WARP_THREADS)
-            dot += kt::convert<float>(*dout.ptr(b, h, i, c)) * kt::convert<float>(*out.ptr(b, h, i, c));
+        for (int e = 0; e < CHUNK; e++) dot += kt::convert<float>(xs[e]) * kt::convert<float>(ys[e]);
+        float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * len_q + i) * D);
+#pragma unroll
+        for (int q = part; q < D / 4; q += LANES_PER_ROW) dq_row[q] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-    if (kt::lane_id() == 0) {
+    for (int offset = LANES_PER_ROW / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+    if (part == 0 && row < rows) {
+        const float l = real ? lse[bh * len_q + i] : kt::neg_infinity();
         delta[row] = dot;
-        lse2[row] = i < len_q ? lse[bh * len_q + i] * LOG2E : __int_as_float(0x7f800000);
+        lse2[row] = l == kt::neg_infinity() ? __int_as_float(0x7f800000) : l * LOG2E;
     }
 }
 
@@ -55,10 +70,11 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, float* lse2
     const kt::gl<T> out(static_cast<T*>(const_cast<void*>(o.out)), p.batch, p.heads_q, p.len_q, D, o.stride_b,
                         o.stride_h, o.stride_l);
     const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q_padded;
-    const int64_t blocks = (rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK;
+    constexpr int rows_per_block = WARPS_PER_BLOCK * kt::WARP_THREADS / (D * int(sizeof(T)) / 16);
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
-        dout, out, o.lse, lse2, delta, p.heads_q, p.len_q, p.len_q_padded, rows);
+        dout, out, o.lse, lse2, delta, p.dq_accum, p.heads_q, p.len_q, p.len_q_padded, rows, p.task_counter);
     return cudaGetLastError();
 }
 

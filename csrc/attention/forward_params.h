@@ -49,12 +49,13 @@ struct BackwardParams {
     int64_t k_stride_b, k_stride_h, k_stride_l;
     int64_t v_stride_b, v_stride_h, v_stride_l;
     int64_t dout_stride_b, dout_stride_h, dout_stride_l;
-    float* dq_accum;     // (B, Hq, Lq, D) fp32 contiguous, zeroed: receives dS K (unscaled)
+    float* dq_accum;     // (B, Hq, Lq, D) fp32 contiguous, zeroed by backward_statistics: receives dS K (unscaled)
     void* dk;            // (B, Hkv, Lk, D) contiguous, input dtype
     void* dv;            // (B, Hkv, Lk, D) contiguous, input dtype
     const float* lse2;   // (B, Hq, len_q_padded) fp32: lse * log2(e); +inf past Lq
     const float* delta;  // (B, Hq, len_q_padded) fp32: rowsum(dO * O); 0 past Lq
     int len_q_padded;    // Lq rounded up to a multiple of 64
+    int* task_counter;   // causal only: one int32, zeroed by backward_statistics (the task queue)
 
     int batch, heads_q, heads_kv;
     int len_q, len_kv;
@@ -63,6 +64,10 @@ struct BackwardParams {
     bool causal;        // ForwardParams' rule: key j visible to query i iff j <= i + causal_offset
     int causal_offset;  // rows that see no key (lower-right with Lq > Lk) have lse = -inf, out = 0
     ElementType dtype;
+
+    // Facts about the current device, as in ForwardParams.
+    int multiprocessors;
+    int64_t l2_bytes;
 };
 
 // TMA + wgmma backward (sm_90a only).
@@ -75,8 +80,8 @@ struct OutputView {
     const float* lse;  // (B, Hq, Lq) contiguous
 };
 
-// Fills BackwardParams' lse2 and delta (B, Hq, len_q_padded) from dout, out and lse
-// (backward_rows.cu; any GPU).
+// Fills BackwardParams' lse2 and delta (B, Hq, len_q_padded) from dout, out and lse, and zeroes
+// its dq_accum and task_counter (backward_rows.cu; any GPU).
 cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, float* lse2, float* delta,
                                 cudaStream_t stream);
 
