@@ -53,6 +53,9 @@ template <int D> constexpr int KV_BUFFERS = D <= 64 ? 2 : 1;
 // Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): the step's dS^T is complete in
 // shared memory (4 + parity), and the step's dQ product has read it (6 + parity).
 constexpr int DS_READY = 4, DS_FREE = 6;
+// The launch gives every thread 168 registers (65536 / 384, rounded down to 8): the producer
+// warpgroup gives back exactly what the consumers take ((168 - 24) * 128 = (240 - 168) * 256),
+// or setmaxnreg.inc waits forever.
 constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -224,10 +227,25 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // loaded a step ahead (within a task); at d128 that spills, so there while S^T and dP^T run.
     constexpr bool STATISTICS_AHEAD = D <= 64;
     column_values lse2, delta;
+    // Unchecked float2 loads from one base address each: the arrays are padded to whole
+    // query blocks (kt::load's per-element bounds checks cost registers the step needs).
     auto load_statistics = [&](int b, int h, int i) {
-        kt::load(lse2, g.lse2, kt::coord{b, h, 0, i});
-        kt::load(delta, g.delta, kt::coord{b, h, 0, i});
+        const float* lse2_row = g.lse2.ptr(b, h, 0, i * BLOCK_M);
+        const float* delta_row = g.delta.ptr(b, h, 0, i * BLOCK_M);
+        const int lane_column = 2 * (kt::lane_id() % 4);  // column_values' layout: two pairs per 16
+#pragma unroll
+        for (int t = 0; t < column_values::tiles; t++) {
+#pragma unroll
+            for (int pair = 0; pair < 2; pair++) {
+                const int c = t * kt::TILE_DIM + 8 * pair + lane_column;
+                const float2 l = *reinterpret_cast<const float2*>(lse2_row + c);
+                const float2 d = *reinterpret_cast<const float2*>(delta_row + c);
+                lse2.data[t][2 * pair] = l.x, lse2.data[t][2 * pair + 1] = l.y;
+                delta.data[t][2 * pair] = d.x, delta.data[t][2 * pair + 1] = d.y;
+            }
+        }
     };
+    static_assert(column_values::slots == 4, "load_statistics: a lane holds two pairs per 16 columns");
     // Query block i of query head h (of batch b) against key block kv_block; n: the block's
     // running step count (the ring position; its parity picks the dS^T buffer and the owner).
     auto step_body = [&]<bool MASKED>(int b, int h, int i, int kv_block, int kvs, int n) {
