@@ -13,7 +13,9 @@ constexpr float LOG2E = 1.4426950408889634f;
 constexpr int WARPS_PER_BLOCK = 8;
 
 // delta = rowsum(dO * O) and lse2 = lse * log2(e) for rows < Lq; 0 and +inf for the padding
-// rows up to len_q_padded (the backward reads whole 64-row blocks).
+// rows up to len_q_padded (the backward reads whole 64-row blocks). A row that saw no key
+// (lse = -inf: lower-right causal with Lq > Lk) gets lse2 = +inf like padding, so the backward's
+// P = exp2(s * c - lse2) is 0 there, not +inf (its out is 0, so its delta is 0 too).
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* lse2, float* delta,
@@ -33,7 +35,9 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (kt::lane_id() == 0) {
         delta[row] = dot;
-        lse2[row] = i < len_q ? lse[bh * len_q + i] * LOG2E : __int_as_float(0x7f800000);
+        const float inf = __int_as_float(0x7f800000);
+        const float l = i < len_q ? lse[bh * len_q + i] : inf;
+        lse2[row] = l == -inf ? inf : l * LOG2E;
     }
 }
 
