@@ -16,15 +16,21 @@ TORCH_LIBRARY(tk, m) {
     // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, D in {64, 128}, Hq % Hkv == 0.
     // Returns out (B, Hq, Lq, D) contiguous and lse (B, Hq, Lq) fp32, the natural-log
     // log-sum-exp of the scaled scores, which the backward pass will need.
-    m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
-          "-> (Tensor out, Tensor lse)");
+    // is_causal: key j is visible to query i iff j <= i (top-left, SDPA's is_causal); with
+    // lower_right too, iff j <= i + Lk - Lq (SDPA's causal_lower_right). lower_right without
+    // is_causal is an error. With Lq > Lk, lower-right query rows i < Lq - Lk see no key: their
+    // out row is 0, their lse -inf, and their gradients 0 (as FlashAttention and SDPA's math
+    // backend give).
+    m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+          "bool lower_right=False) -> (Tensor out, Tensor lse)");
     // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel.
-    m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale) "
-          "-> (Tensor out, Tensor lse)");
+    m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+          "bool lower_right=False) -> (Tensor out, Tensor lse)");
     // Gradients of attention_fwd_sm90's out (given grad_out) with respect to q, k and v, from the
     // forward's out and lse; dk/dv summed over each GQA group's query heads. sm_90 only.
+    // is_causal and lower_right as the forward's.
     m.def("attention_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-          "bool is_causal, float scale) -> (Tensor dq, Tensor dk, Tensor dv)");
+          "bool is_causal, float scale, bool lower_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -43,13 +49,13 @@ namespace {
 
 #ifndef TK_HAS_ATTENTION
 std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, const at::Tensor&,
-                                                            const at::Tensor&, bool, double) {
+                                                            const at::Tensor&, bool, double, bool) {
     family_not_built("attention_fwd", "attention");
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&, bool,
-                                                                       double) {
+                                                                       double, bool) {
     family_not_built("attention_bwd_sm90", "attention");
 }
 #endif

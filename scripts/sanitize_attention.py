@@ -4,7 +4,8 @@
         python3 scripts/sanitize_attention.py
 
 Covers odd lengths (partial tiles), Lq != Lk both ways, both dtypes, both head dims, causal and
-not, GQA, and strided (transposed) inputs; shapes are small because the sanitizer slows kernels
+not (and causal_lower_right with Lq > Lk and Lq < Lk), GQA, and strided (transposed) inputs;
+shapes are small because the sanitizer slows kernels
 down by orders of magnitude. The only GPU work is host<->device copies and our kernel: inputs
 are made (and laid out) on the CPU and the reference is computed on the CPU, so every report is
 about our code. Results are compared with SDPA on the CPU too, so a run that is silent but wrong
@@ -15,8 +16,11 @@ import itertools
 import math
 import sys
 
+import warnings
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 import thunderkittens as tk
 
@@ -24,6 +28,9 @@ LENGTHS = [(1, 1), (17, 17), (64, 64), (65, 130), (130, 65), (127, 200), (1, 300
 DTYPES = [torch.bfloat16, torch.float16]
 HEAD_DIMS = [64, 128]
 HEADS = [(2, 2), (4, 1)]  # (query heads, key/value heads)
+# causal_lower_right (key j visible to query i iff j <= i + Lk - Lq): with (300, 65) the first
+# 235 rows see no key, a whole query block of each kernel (128 rows; 192 for sm90 at d64).
+LOWER_RIGHT_LENGTHS = [(300, 65), (65, 130)]
 TOLERANCE = 3e-2  # loose: this is a sanitizer run, tests/test_attention_gpu.py checks accuracy
 
 
@@ -42,23 +49,33 @@ def main() -> int:
         with tk.use_kernel(kernel):
             if tk.explain(probe, probe, probe).uses_kernel:
                 kernels.append(kernel)
-    for kernel, (len_q, len_kv), dtype, head_dim, causal, (heads_q, heads_kv) in itertools.product(
-            kernels, LENGTHS, DTYPES, HEAD_DIMS, (False, True), HEADS):
+    # mask: False (full), True (causal, top-left) or "lower-right" (the causal_lower_right bias)
+    cases = list(itertools.product(kernels, LENGTHS, DTYPES, HEAD_DIMS, (False, True), HEADS))
+    cases += list(itertools.product(kernels, LOWER_RIGHT_LENGTHS, DTYPES, HEAD_DIMS,
+                                    ("lower-right",), HEADS))
+    for kernel, (len_q, len_kv), dtype, head_dim, mask, (heads_q, heads_kv) in cases:
         q = torch.randn(1, heads_q, len_q, head_dim, dtype=dtype)
         k = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)
         v = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)
         transposed = calls % 4 == 3
         gqa = heads_q != heads_kv
+        if mask == "lower-right":
+            with warnings.catch_warnings():  # Lq > Lk "will produce NaNs": not on the CPU, nor ours
+                warnings.simplefilter("ignore", UserWarning)
+                flags = {"attn_mask": causal_lower_right(len_q, len_kv)}
+        else:
+            flags = {"is_causal": mask}
         with tk.use_kernel(kernel), tk.strict():
             out = tk.attention(to_gpu(q, transposed), to_gpu(k, transposed), v.cuda(),
-                               is_causal=causal, enable_gqa=gqa).cpu()
-        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                  is_causal=causal, enable_gqa=gqa)
+                               enable_gqa=gqa, **flags).cpu()
+        # The CPU (math backend) gives rows that see no key 0, as our kernels do.
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=gqa,
+                                                  **flags)
         error = (out.float() - expected).abs().max().item()
         calls += 1
         if not math.isfinite(error) or error > TOLERANCE:
             failures += 1
-            print(f"MISMATCH {kernel} lq={len_q} lk={len_kv} {dtype} d={head_dim} causal={causal} "
+            print(f"MISMATCH {kernel} lq={len_q} lk={len_kv} {dtype} d={head_dim} causal={mask} "
                   f"hq={heads_q} hkv={heads_kv} transposed={transposed}: max abs error {error:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize_attention: {calls} calls ({', '.join(kernels)}), {failures} mismatches")

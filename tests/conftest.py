@@ -38,7 +38,7 @@ class AttentionStandIn:
     told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
     Everything else is the real code: argument checks, path choice, operand preparation, the op schema, the fake
     implementation and torch.compile tracing. Calls are recorded so tests can check what the
-    kernel would have been given (layouts, head counts, copies).
+    kernel would have been given (layouts, head counts, copies, the causal flags).
     """
 
     def __init__(self, monkeypatch):
@@ -49,10 +49,14 @@ class AttentionStandIn:
         from thunderkittens._attention import plan
         pretend_capability(self._monkeypatch, plan, capability)
 
-    def __call__(self, q, k, v, is_causal, scale):
+    def __call__(self, q, k, v, is_causal, scale, lower_right=False):
+        # lower_right may be left out: the dispatcher drops arguments equal to their default.
         from reference import reference_attention
-        self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale})
-        out, lse = reference_attention(q, k, v, is_causal, scale)
+        check_causal_flags("tk::attention_fwd", is_causal, lower_right)
+        self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale,
+                           "lower_right": lower_right})
+        out, lse = reference_attention(q, k, v, is_causal, scale,
+                                       causal_offset=causal_offset(q, k, lower_right))
         return out.to(q.dtype), lse.float()
 
 
@@ -66,8 +70,9 @@ class AttentionBackwardStandIn:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale):
+    def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale, lower_right=False):
         from reference import reference_attention_grads
+        check_causal_flags("tk::attention_bwd_sm90", is_causal, lower_right)
         for name, t in (("grad_out", grad_out), ("q", q), ("k", k), ("v", v), ("out", out)):
             assert t.dim() == 4 and t.dtype == q.dtype, (name, t.shape, t.dtype)
             if not kernel_readable(t):
@@ -76,9 +81,21 @@ class AttentionBackwardStandIn:
         assert grad_out.shape == q.shape and out.shape == q.shape, (grad_out.shape, q.shape)
         assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], (lse.dtype, lse.shape)
         self.calls.append({"grad_out": grad_out, "q": q, "k": k, "v": v, "out": out, "lse": lse,
-                           "is_causal": is_causal, "scale": scale})
-        grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale)
+                           "is_causal": is_causal, "scale": scale, "lower_right": lower_right})
+        grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale,
+                                          causal_offset=causal_offset(q, k, lower_right))
         return tuple(g.to(q.dtype).contiguous() for g in grads)
+
+
+def causal_offset(q, k, lower_right):
+    """The ops' diagonal offset (csrc/attention/attention_ops.cpp): Lk - Lq for lower_right."""
+    return k.shape[2] - q.shape[2] if lower_right else 0
+
+
+def check_causal_flags(op, is_causal, lower_right):
+    """The C++ ops' rule: lower_right only together with is_causal."""
+    if lower_right and not is_causal:
+        raise RuntimeError(f"{op}: lower_right=True needs is_causal=True")
 
 
 def kernel_readable(t):

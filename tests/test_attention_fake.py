@@ -53,3 +53,26 @@ def test_fake_rejects_what_the_op_rejects(k_shape, k_dtype, message):
     k = torch.empty(k_shape, device="meta", dtype=k_dtype)
     with pytest.raises(RuntimeError, match=message):
         torch.ops.tk.attention_fwd(q, k, k, False, 1.0)
+
+
+@pytest.mark.parametrize("op", ["attention_fwd", "attention_fwd_sm90"])
+def test_fake_lower_right(op):
+    q = torch.empty(2, 8, 33, 128, device="meta", dtype=torch.float16)
+    k = torch.empty(2, 4, 9, 128, device="meta", dtype=torch.float16)
+    out, lse = getattr(torch.ops.tk, op)(q, k, k, True, 0.125, True)
+    assert out.shape == q.shape and lse.shape == (2, 8, 33)
+    out, lse = getattr(torch.ops.tk, op)(q, k, k, True, 0.125, lower_right=True)
+    assert out.shape == q.shape
+    # lower_right moves the causal diagonal: without is_causal there is none, which the ops reject.
+    with pytest.raises(RuntimeError, match="lower_right=True needs is_causal=True"):
+        getattr(torch.ops.tk, op)(q, k, k, False, 0.125, True)
+
+
+def test_fake_backward_rejects_lower_right_without_is_causal():
+    q = torch.empty(2, 8, 33, 128, device="meta", dtype=torch.float16)
+    k = torch.empty(2, 4, 9, 128, device="meta", dtype=torch.float16)
+    lse = torch.empty(2, 8, 33, device="meta", dtype=torch.float32)
+    dq, dk, dv = torch.ops.tk.attention_bwd_sm90(q, q, k, k, q, lse, True, 0.125, True)
+    assert dq.shape == q.shape and dk.shape == k.shape
+    with pytest.raises(RuntimeError, match="lower_right=True needs is_causal=True"):
+        torch.ops.tk.attention_bwd_sm90(q, q, k, k, q, lse, False, 0.125, True)

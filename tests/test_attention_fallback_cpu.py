@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderkittens as tk
+from reference import lower_right_bias
 from thunderkittens._attention import plan
 
 
@@ -32,7 +33,13 @@ CALLS = {
                           {"attn_mask": torch.rand(6, 9) > 0.3}),
     "float mask": lambda: ((randn(2, 4, 6, 64), randn(2, 4, 9, 64), randn(2, 4, 9, 64)),
                            {"attn_mask": randn(2, 1, 6, 9)}),
+    # The fallback keeps a lower-right bias (SDPA has no lower-right flag to turn it into).
+    "lower-right lq<lk": lambda: ((randn(2, 4, 6, 64), randn(2, 4, 9, 64), randn(2, 4, 9, 64)),
+                                  {"attn_mask": lower_right_bias(6, 9)}),
+    "lower-right lq>lk": lambda: ((randn(2, 4, 9, 64), randn(2, 4, 6, 64), randn(2, 4, 6, 64)),
+                                  {"attn_mask": lower_right_bias(9, 6)}),
 }
+
 
 
 @pytest.mark.parametrize("name", list(CALLS))
@@ -319,15 +326,50 @@ def test_causal_lower_right_bias_with_equal_lengths_runs_the_kernel(cpu_kernel):
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
-def test_causal_lower_right_bias_with_unequal_lengths_falls_back(cpu_kernel):
-    from torch.nn.attention.bias import causal_lower_right
-    q, k = bf16(2, 4, 16, 64), bf16(2, 4, 24, 64)
-    bias = causal_lower_right(16, 24)
-    assert "causal_lower_right with Lq != Lk is not supported by the kernel yet" in \
-        reason_of(q, k, k, attn_mask=bias)
+@pytest.mark.parametrize("family, plan_prefix", [
+    ("auto", "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma]"),
+    ("sm80", "kernel tk.attention_fwd [sm80 mma.sync]"),
+])
+@pytest.mark.parametrize("len_q, len_kv", [(16, 24), (24, 16), (1, 40), (40, 3)])
+def test_causal_lower_right_bias_with_unequal_lengths_runs_the_kernel(cpu_kernel, family,
+                                                                      plan_prefix, len_q, len_kv):
+    q, k, v = bf16(2, 8, len_q, 64), bf16(2, 2, len_kv, 64), bf16(2, 2, len_kv, 64)
+    bias = lower_right_bias(len_q, len_kv)
+    with tk.use_kernel(family):
+        assert str(tk.explain(q, k, v, attn_mask=bias, enable_gqa=True)) == \
+            f"{plan_prefix} bf16 d=64 causal lower-right gqa=4"
+        with tk.strict():
+            out = tk.attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    call = cpu_kernel.calls[-1]
+    assert call["is_causal"] is True and call["lower_right"] is True
+    # SDPA on the CPU (math backend) gives the rows that see no key (Lq > Lk: the first
+    # Lq - Lk) exactly 0, as the kernels do.
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias,
+                                              enable_gqa=True)
+    hidden = max(0, len_q - len_kv)
+    assert torch.all(expected[:, :, :hidden] == 0)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[:, :, :hidden] == 0)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_causal_upper_left_bias_with_unequal_lengths_is_not_lower_right(cpu_kernel):
+    from torch.nn.attention.bias import causal_upper_left
+    q, k = bf16(2, 4, 24, 64), bf16(2, 4, 16, 64)
+    tk.attention(q, k, k, attn_mask=causal_upper_left(24, 16))
+    assert cpu_kernel.calls[-1]["lower_right"] is False
+
+
+def test_causal_lower_right_bias_fallback_keeps_the_bias(cpu_kernel):
+    # float32 is not a kernel dtype: SDPA must get the lower-right bias itself, not is_causal
+    # (top-left, a different mask when Lq != Lk).
+    q, k = randn(2, 4, 16, 64), randn(2, 4, 24, 64)
+    bias = lower_right_bias(16, 24)
+    assert "dtype torch.float32 is not supported" in reason_of(q, k, k, attn_mask=bias)
     out = tk.attention(q, k, k, attn_mask=bias)
     assert not cpu_kernel.calls
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, k, attn_mask=bias))
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, k, attn_mask=bias))
+    assert not torch.allclose(out, F.scaled_dot_product_attention(q, k, k, is_causal=True))
 
 
 def test_causal_bias_for_other_lengths_is_an_error(cpu_kernel):

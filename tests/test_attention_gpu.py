@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderkittens as tk
-from reference import reference_attention
+from reference import lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
@@ -69,7 +69,7 @@ def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype, device="c
             randn((batch, heads_kv, len_kv, head_dim), dtype, device))
 
 
-def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80"):
+def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80", lower_right=False):
     """Call the op so that its outputs land in memory that was just filled with NaN.
 
     The caching allocator hands a freed block back to the next request of the same size on the
@@ -84,17 +84,26 @@ def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80"):
                             device=q.device)
     addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
     del poison_out, poison_lse
-    out, lse = KERNEL_OPS[kernel](q, k, v, causal, scale)
+    out, lse = KERNEL_OPS[kernel](q, k, v, causal, scale, lower_right)
     assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
     return out, lse
 
 
-def assert_close_to_reference(out, q, k, v, causal, scale, lse=None):
-    """``out`` (B, Hq, Lq, D) against the float64 reference, within PyTorch's own error."""
+def assert_close_to_reference(out, q, k, v, causal, scale, lse=None, lower_right=False):
+    """``out`` (B, Hq, Lq, D) against the float64 reference, within PyTorch's own error.
+    lower_right (with causal): SDPA's causal_lower_right, key j visible to query i iff
+    j <= i + Lk - Lq; with Lq > Lk the first Lq - Lk rows see no key and must be exactly 0,
+    with lse -inf."""
     assert torch.isfinite(out).all(), "output has NaN/inf"
-    ref_out, ref_lse = reference_attention(q, k, v, causal, scale)
-    torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                               enable_gqa=q.shape[1] != k.shape[1])
+    offset = k.shape[2] - q.shape[2] if lower_right else 0
+    hidden = max(0, -offset)  # leading query rows that see no key
+    assert torch.all(out[:, :, :hidden] == 0), "rows that see no key are not 0"
+    ref_out, ref_lse = reference_attention(q, k, v, causal, scale, causal_offset=offset)
+    if lower_right:
+        torch_out = sdpa_causal_lower_right(q, k, v, scale)
+    else:
+        torch_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                   enable_gqa=q.shape[1] != k.shape[1])
     err = (out.double() - ref_out).abs().max().item()
     err_torch = (torch_out.double() - ref_out).abs().max().item()
     assert err <= ERROR_FACTOR * err_torch + ABS_SLACK, \
@@ -105,8 +114,9 @@ def assert_close_to_reference(out, q, k, v, causal, scale, lse=None):
     assert rel <= ERROR_FACTOR * rel_torch + REL_SLACK, \
         f"relative L2 error {rel:.3e} vs torch SDPA {rel_torch:.3e}"
     if lse is not None:
-        assert torch.isfinite(lse).all(), "lse has NaN/inf"
-        lse_err = (lse.double() - ref_lse).abs().max().item()
+        assert torch.isneginf(lse[:, :, :hidden]).all(), "lse of rows that see no key is not -inf"
+        assert torch.isfinite(lse[:, :, hidden:]).all(), "lse has NaN/inf"
+        lse_err = (lse[:, :, hidden:].double() - ref_lse[:, :, hidden:]).abs().max().item()
         assert lse_err <= LSE_ATOL, f"lse max abs error {lse_err:.3e}"
 
 
@@ -130,6 +140,36 @@ def test_forward_matches_reference(case, kernel):
 
     with tk.use_kernel(kernel), tk.strict():
         public = tk.attention(q, k, v, is_causal=causal, enable_gqa=ratio > 1)
+    assert torch.equal(public, out), "tk.attention differs from the op it calls"
+
+
+# causal_lower_right with Lq != Lk (key j visible to query i iff j <= i + Lk - Lq). Lq > Lk
+# leaves the first Lq - Lk rows with no key: with (1000, 17), (4097, 1) and (4097, 1000) whole
+# query blocks of both kernels (128 rows; sm90 192 at d64) see none, with (333, 300) only rows
+# inside the first block. Lq < Lk: the offset runs past tile boundaries.
+LOWER_RIGHT_LENGTHS = [(1000, 17), (333, 300), (4097, 1), (4097, 1000), (300, 333), (17, 4097),
+                       (1, 4097)]
+
+
+@pytest.mark.parametrize("ratio", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("len_q, len_kv", LOWER_RIGHT_LENGTHS)
+def test_lower_right_matches_reference(len_q, len_kv, dtype, head_dim, ratio, kernel):
+    seeded("lower-right", len_q, len_kv, dtype, head_dim, ratio)
+    batch = 1 if max(len_q, len_kv) > 2048 else 2
+    q, k, v = make_qkv(batch, 2 * ratio, 2, len_q, len_kv, head_dim, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    out, lse = call_op_on_poisoned_memory(q, k, v, True, scale, kernel, lower_right=True)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert_close_to_reference(out, q, k, v, True, scale, lse, lower_right=True)
+
+    bias = lower_right_bias(len_q, len_kv)
+    with tk.use_kernel(kernel), tk.strict():
+        assert str(tk.explain(q, k, v, attn_mask=bias, enable_gqa=ratio > 1)).endswith(
+            f"d={head_dim} causal lower-right" + (f" gqa={ratio}" if ratio > 1 else ""))
+        public = tk.attention(q, k, v, attn_mask=bias, enable_gqa=ratio > 1)
     assert torch.equal(public, out), "tk.attention differs from the op it calls"
 
 
@@ -314,6 +354,24 @@ def test_torch_compile_fullgraph_matches_eager():
     assert torch.equal(compiled, eager)
 
 
+@pytest.mark.parametrize("len_q, len_kv", [(1000, 300), (300, 1000)])
+def test_torch_compile_fullgraph_lower_right(len_q, len_kv):
+    torch._dynamo.reset()
+    seeded("compile-lower-right", len_q, len_kv)
+    # Made outside the compiled function (torch 2.15's dynamo cannot construct a CausalBias).
+    bias = lower_right_bias(len_q, len_kv)
+
+    def f(q, k, v):
+        return tk.attention(q, k, v, attn_mask=bias, enable_gqa=True) * 2
+
+    q, k, v = make_qkv(2, 8, 2, len_q, len_kv, 128, torch.bfloat16)
+    with tk.strict():
+        eager = f(q, k, v)
+        compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(compiled, eager)
+    assert_close_to_reference(eager / 2, q, k, v, True, 1 / math.sqrt(128), lower_right=True)
+
+
 @pytest.mark.parametrize("shapes", [
     ((2, 8, 129, 64), (2, 2, 77, 64)),
     ((1, 4, 1, 128), (1, 4, 300, 128)),
@@ -326,6 +384,7 @@ def test_opcheck(shapes, kernel):
     torch.library.opcheck(op, (q, k, v, True, 0.125))
     torch.library.opcheck(op,
                           (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, False, 0.3))
+    torch.library.opcheck(op, (q, k, v, True, 0.125, True))  # lower-right
 
 
 # ---- the op's own checks (direct callers of torch.ops.tk.attention_fwd) --------------------
@@ -352,6 +411,8 @@ def _direct(q=None, k=None, v=None):
     (lambda: _direct(q=randn((1, 6, 32, 64), torch.bfloat16)), r"q heads \(6\) must be a multiple"),
     (lambda: _direct(k=randn((1, 4, 0, 64), torch.bfloat16)), "k must not be empty"),
     (lambda: _direct(q=randn((4, 32, 64), torch.bfloat16)), "q must be 4-D"),
+    (lambda: torch.ops.tk.attention_fwd(*make_qkv(1, 4, 4, 32, 16, 64, torch.bfloat16), False,
+                                        0.125, True), "lower_right=True needs is_causal=True"),
 ])
 def test_op_rejects_bad_inputs(make, message):
     with pytest.raises(RuntimeError, match=message):
@@ -425,7 +486,12 @@ def test_causal_biases_run_on_the_kernel():
     with tk.strict():
         out2 = tk.attention(q2, k, v, attn_mask=causal_lower_right(333, 333))
     assert_close_to_reference(out2, q2, k, v, True, 1 / math.sqrt(128))
-    # Lq != Lk lower-right: SDPA computes it (the kernels' diagonal is top-left).
-    bias = causal_lower_right(300, 333)
-    out3 = tk.attention(q, k, v, attn_mask=bias)
-    torch.testing.assert_close(out3, F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    # Lq != Lk lower-right, both ways: the kernel with the diagonal offset Lk - Lq (the rows of
+    # Lq > Lk that see no key come out 0). test_lower_right_matches_reference covers the space.
+    with tk.strict():
+        out3 = tk.attention(q, k, v, attn_mask=causal_lower_right(300, 333))
+    assert_close_to_reference(out3, q, k, v, True, 1 / math.sqrt(128), lower_right=True)
+    q4 = randn((2, 4, 400, 128), torch.bfloat16)
+    with tk.strict():
+        out4 = tk.attention(q4, k, v, attn_mask=lower_right_bias(400, 333))
+    assert_close_to_reference(out4, q4, k, v, True, 1 / math.sqrt(128), lower_right=True)

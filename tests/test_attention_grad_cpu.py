@@ -75,6 +75,30 @@ def test_gradients_match_reference(cpu_kernel, causal, ratio, lengths):
     assert_grads_match((q, k, v), grad_out, is_causal=causal, enable_gqa=ratio > 1, scale=0.3)
 
 
+@pytest.mark.parametrize("ratio", [1, 4])
+@pytest.mark.parametrize("lengths", [(5, 40), (40, 5), (1, 9), (9, 1)])
+def test_lower_right_gradients_match_reference(cpu_kernel, ratio, lengths):
+    # causal_lower_right with Lq != Lk: the backward op gets lower_right=True; with Lq > Lk the
+    # first Lq - Lk query rows see no key, so their output and dq are 0 (as SDPA's math backend
+    # gives) and they add nothing to dk/dv.
+    from reference import lower_right_bias
+    len_q, len_kv = lengths
+    q = bf16(2, 2 * ratio, len_q, 128)
+    k, v = bf16(2, 2, len_kv, 128), bf16(2, 2, len_kv, 128)
+    bias = lower_right_bias(len_q, len_kv)
+    out = tk.attention(q, k, v, attn_mask=bias, enable_gqa=ratio > 1, scale=0.3)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    assert cpu_kernel.calls[0]["lower_right"] is True
+    backward = cpu_kernel.backward.calls[0]
+    assert backward["is_causal"] is True and backward["lower_right"] is True
+    expected_out = assert_grads_match((q, k, v), grad_out, attn_mask=bias, enable_gqa=ratio > 1,
+                                      scale=0.3)
+    torch.testing.assert_close(out.double(), expected_out, atol=3e-2, rtol=3e-2)
+    hidden = max(0, len_q - len_kv)
+    assert torch.all(out[:, :, :hidden] == 0) and torch.all(q.grad[:, :, :hidden] == 0)
+
+
 def test_gradients_reach_transposed_inputs(cpu_kernel):
     # (B, L, H, D) leaves viewed as (B, H, L, D): read in place, gradients land in the leaves.
     leaves = [bf16(2, 19, 4, 64) for _ in range(3)]
@@ -247,10 +271,10 @@ def test_compile_keeps_the_sm80_fallback_for_gradients(cpu_kernel):
 # ---- opcheck ---------------------------------------------------------------------------------
 
 
-def _backward_args(q, k, v, is_causal, scale):
+def _backward_args(q, k, v, is_causal, scale, lower_right=False):
     with torch.no_grad():
-        out, lse = torch.ops.tk.attention_fwd_sm90(q, k, v, is_causal, scale)
-    return (torch.randn_like(out), q, k, v, out, lse, is_causal, scale)
+        out, lse = torch.ops.tk.attention_fwd_sm90(q, k, v, is_causal, scale, lower_right)
+    return (torch.randn_like(out), q, k, v, out, lse, is_causal, scale, lower_right)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -259,6 +283,12 @@ def test_opcheck_backward_op(cpu_kernel, causal):
                bf16(2, 2, 40, 128, requires_grad=False))
     torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
                           _backward_args(q, k, v, causal, 0.125))
+    if causal:  # lower-right, Lq < Lk and Lq > Lk
+        torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
+                              _backward_args(q, k, v, True, 0.125, lower_right=True))
+        torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
+                              _backward_args(k.repeat(1, 4, 1, 1), q[:, :2], q[:, :2], True, 0.125,
+                                             lower_right=True))
     # (B, L, H, D) memory viewed as (B, H, L, D)
     q, k, v = (bf16(1, 17, 2, 64, requires_grad=False).transpose(1, 2) for _ in range(3))
     torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
@@ -270,6 +300,7 @@ def test_opcheck_forward_autograd_registration(cpu_kernel):
     torch.library.opcheck(torch.ops.tk.attention_fwd_sm90.default, (q, k, v, True, 0.125))
     torch.library.opcheck(torch.ops.tk.attention_fwd_sm90.default,
                           (q, k.detach(), v.detach(), False, 0.3))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm90.default, (q, k, v, True, 0.125, True))
 
 
 def test_backward_fake_shapes():
@@ -288,19 +319,43 @@ def test_backward_fake_shapes():
         torch.ops.tk.attention_bwd_sm90(out, q, k3, k3, out, lse, True, 0.125)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, True, "lower_right"])
 @pytest.mark.parametrize("lengths", [(1, 1), (7, 7), (3, 9), (9, 3)])
 def test_reference_grads_are_autograd_of_reference_attention(causal, lengths):
     from reference import reference_attention, reference_attention_grads
     len_q, len_kv = lengths
+    offset = len_kv - len_q if causal == "lower_right" else 0
     q = torch.randn(2, 4, len_q, 16, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, len_kv, 16, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, 2, len_kv, 16, dtype=torch.float64, requires_grad=True)
-    out, _ = reference_attention(q, k, v, causal, 0.3)
+    out, lse = reference_attention(q, k, v, bool(causal), 0.3, causal_offset=offset)
     grad_out = torch.randn_like(out)
     expected = torch.autograd.grad(out, (q, k, v), grad_out)
-    for ours, theirs in zip(reference_attention_grads(grad_out, q, k, v, causal, 0.3), expected):
-        torch.testing.assert_close(ours, theirs, atol=1e-12, rtol=1e-10)
+    ours = reference_attention_grads(grad_out, q, k, v, bool(causal), 0.3, causal_offset=offset)
+    for mine, theirs in zip(ours, expected):
+        assert torch.isfinite(mine).all() and torch.isfinite(theirs).all()
+        torch.testing.assert_close(mine, theirs, atol=1e-12, rtol=1e-10)
+    # Rows that see no key (lower-right, Lq > Lk): out 0, lse -inf, dq 0.
+    hidden = max(0, -offset)
+    assert torch.all(out[:, :, :hidden] == 0) and torch.all(ours[0][:, :, :hidden] == 0)
+    assert torch.all(torch.isneginf(lse[:, :, :hidden]))
+    assert torch.isfinite(lse[:, :, hidden:]).all()
+
+
+@pytest.mark.parametrize("lengths", [(5, 9), (9, 5), (6, 6)])
+def test_reference_lower_right_matches_sdpa(lengths):
+    # The fp64 reference with causal_offset = Lk - Lq is SDPA's causal_lower_right (CPU, math
+    # backend, rows that see no key 0), and sdpa_causal_lower_right (the GPU tests' yardstick)
+    # gives the same.
+    from reference import lower_right_bias, reference_attention, sdpa_causal_lower_right
+    len_q, len_kv = lengths
+    q = torch.randn(2, 4, len_q, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, len_kv, 16, dtype=torch.float64) for _ in range(2))
+    ours, _ = reference_attention(q, k, v, True, 0.3, causal_offset=len_kv - len_q)
+    bias = lower_right_bias(len_q, len_kv)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(sdpa_causal_lower_right(q, k, v, 0.3), theirs)
 
 
 def test_double_backward_raises(cpu_kernel):

@@ -24,7 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderkittens as tk
-from reference import reference_attention_grads
+from reference import (lower_right_bias, reference_attention_grads,
+                       sdpa_causal_lower_right)
 from attention_cases import DTYPES, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
@@ -70,27 +71,36 @@ def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype):
 SDPA_GRID_ROWS = 32768  # (batch*heads) per SDPA call: cuDNN's backward fails beyond the grid limit
 
 
-def sdpa_grads(q, k, v, grad_out, causal, scale):
+def sdpa_grads(q, k, v, grad_out, causal, scale, lower_right=False):
     """PyTorch's own gradients (default SDPA backend) on the same inputs: the yardstick.
     Without GQA every (batch, head) is its own problem, so a batch*heads beyond what SDPA's
-    kernels can launch (cuDNN's backward failed at 70000 on the H200) is done in chunks."""
+    kernels can launch (cuDNN's backward failed at 70000 on the H200) is done in chunks.
+    lower_right: SDPA's causal_lower_right (see reference.sdpa_causal_lower_right)."""
     batch, heads = q.shape[:2]
     if batch * heads > SDPA_GRID_ROWS and heads == k.shape[1]:
         flat = [t.reshape(batch * heads, 1, *t.shape[2:]) for t in (q, k, v, grad_out)]
-        parts = [sdpa_grads(*(t[i:i + SDPA_GRID_ROWS] for t in flat), causal, scale)
+        parts = [sdpa_grads(*(t[i:i + SDPA_GRID_ROWS] for t in flat), causal, scale, lower_right)
                  for i in range(0, batch * heads, SDPA_GRID_ROWS)]
         return tuple(torch.cat(chunks).reshape(like.shape) for chunks, like in zip(zip(*parts), (q, k, v)))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    if lower_right:
+        out = sdpa_causal_lower_right(*leaves, scale)
+    else:
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale,
+                                             enable_gqa=q.shape[1] != k.shape[1])
     out.backward(grad_out)
     return tuple(t.grad for t in leaves)
 
 
-def assert_grads_close(grads, q, k, v, grad_out, causal, scale):
-    """(dq, dk, dv) against the float64 reference, each within SDPA's own error."""
-    refs = reference_attention_grads(grad_out, q, k, v, causal, scale)
-    theirs = sdpa_grads(q, k, v, grad_out, causal, scale)
+def assert_grads_close(grads, q, k, v, grad_out, causal, scale, lower_right=False):
+    """(dq, dk, dv) against the float64 reference, each within SDPA's own error. lower_right
+    (with causal): SDPA's causal_lower_right; with Lq > Lk the first Lq - Lk query rows see no
+    key, so their dq must be exactly 0."""
+    offset = k.shape[2] - q.shape[2] if lower_right else 0
+    hidden = max(0, -offset)
+    assert torch.all(grads[0][:, :, :hidden] == 0), "dq of rows that see no key is not 0"
+    refs = reference_attention_grads(grad_out, q, k, v, causal, scale, causal_offset=offset)
+    theirs = sdpa_grads(q, k, v, grad_out, causal, scale, lower_right)
     names = ("dq", "dk", "dv")
     for name, ours, ref, torch_grad, like in zip(names, grads, refs, theirs, (q, k, v)):
         assert ours.shape == like.shape and ours.dtype == like.dtype, \
@@ -104,9 +114,9 @@ def assert_grads_close(grads, q, k, v, grad_out, causal, scale):
     del refs, theirs
 
 
-def op_grads(q, k, v, grad_out, causal, scale):
-    out, lse = forward_op(q, k, v, causal, scale)
-    return backward_op(grad_out, q, k, v, out, lse, causal, scale)
+def op_grads(q, k, v, grad_out, causal, scale, lower_right=False):
+    out, lse = forward_op(q, k, v, causal, scale, lower_right)
+    return backward_op(grad_out, q, k, v, out, lse, causal, scale, lower_right)
 
 
 # ---- correctness over the parameter space --------------------------------------------------
@@ -130,6 +140,36 @@ def test_gradients_match_reference(case):
     assert_grads_close(grads, q, k, v, grad_out, causal, scale)
 
 
+# causal_lower_right with Lq != Lk; see LOWER_RIGHT_LENGTHS in test_attention_gpu.py.
+LOWER_RIGHT_LENGTHS = [(1000, 17), (333, 300), (4097, 1), (300, 333), (17, 4097), (1, 4097)]
+
+
+@pytest.mark.parametrize("ratio", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("len_q, len_kv", LOWER_RIGHT_LENGTHS)
+def test_lower_right_gradients_match_reference(len_q, len_kv, dtype, head_dim, ratio):
+    seeded("grad-lower-right", len_q, len_kv, dtype, head_dim, ratio)
+    batch = 1 if max(len_q, len_kv) > 2048 else 2
+    q, k, v = make_qkv(batch, 2 * ratio, 2, len_q, len_kv, head_dim, dtype)
+    grad_out = randn(q.shape, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    grads = op_grads(q, k, v, grad_out, True, scale, lower_right=True)
+    assert_grads_close(grads, q, k, v, grad_out, True, scale, lower_right=True)
+
+    # The public API: the bias runs the forward and backward kernels with lower_right.
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    bias = lower_right_bias(len_q, len_kv)
+    with tk.strict():
+        assert str(tk.explain(*leaves, attn_mask=bias, enable_gqa=ratio > 1)).endswith(
+            "causal lower-right" + (f" gqa={ratio}" if ratio > 1 else "")
+            + " + backward tk.attention_bwd_sm90")
+        tk.attention(*leaves, attn_mask=bias, enable_gqa=ratio > 1).backward(grad_out)
+    for ours, theirs in zip((t.grad for t in leaves), grads):
+        # dq may be accumulated in a different order from run to run: allow one bf16 rounding.
+        torch.testing.assert_close(ours, theirs, rtol=1e-2, atol=1e-2 * theirs.abs().max().item())
+
+
 def test_gradients_with_explicit_scale():
     seeded("scale")
     q, k, v = make_qkv(2, 8, 2, 300, 333, 128, torch.bfloat16)
@@ -151,29 +191,31 @@ def _fill_cache_with_nan(nbytes):
     del poison
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal, lower_right", [(False, False), (True, False), (True, True)],
+                         ids=["full", "causal", "lower_right"])
 @pytest.mark.parametrize("shapes", [
     ((2, 8, 1000, 128), (2, 2, 1500, 128)),   # GQA 4, Lk not a multiple of the tile
     ((1, 4, 333, 64), (1, 4, 4097, 64)),
-    ((1, 16, 4097, 64), (1, 2, 4100, 64)),    # GQA 8, Lq > Lk
+    ((1, 16, 4097, 64), (1, 2, 4100, 64)),    # GQA 8, Lk > Lq
+    ((1, 8, 1000, 64), (1, 2, 17, 64)),       # Lq > Lk: lower-right leaves whole blocks unseen
 ])
-def test_gradients_are_fully_written(shapes, causal):
+def test_gradients_are_fully_written(shapes, causal, lower_right):
     """dk and dv are uninitialised allocations, made where the allocator just held NaN (or the
     op's own temporaries): an element the kernel forgets to write stays NaN (caught by the
     isfinite check) or stale (caught by the reference comparison). dq goes through a zeroed fp32
     accumulator, so a missed dq contribution shows in the reference comparison."""
-    seeded("poison", shapes, causal)
+    seeded("poison", shapes, causal, lower_right)
     q_shape, kv_shape = shapes
     q = randn(q_shape, torch.bfloat16)
     k, v = randn(kv_shape, torch.bfloat16), randn(kv_shape, torch.bfloat16)
     grad_out = randn(q_shape, torch.bfloat16)
     scale = 1 / math.sqrt(q_shape[-1])
-    out, lse = forward_op(q, k, v, causal, scale)
+    out, lse = forward_op(q, k, v, causal, scale, lower_right)
     _fill_cache_with_nan(4 * sum(math.prod(s) * 4 for s in (q_shape, kv_shape, kv_shape)))
-    dq, dk, dv = backward_op(grad_out, q, k, v, out, lse, causal, scale)
+    dq, dk, dv = backward_op(grad_out, q, k, v, out, lse, causal, scale, lower_right)
     for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert torch.isfinite(grad).all(), f"{name} has NaN/inf (unwritten elements?)"
-    assert_grads_close((dq, dk, dv), q, k, v, grad_out, causal, scale)
+    assert_grads_close((dq, dk, dv), q, k, v, grad_out, causal, scale, lower_right)
 
 
 @pytest.mark.parametrize("shape_q, shape_kv, causal", [
@@ -259,10 +301,12 @@ def test_opcheck_backward(shapes):
     seeded("opcheck", shapes)
     q = randn(shapes[0], torch.bfloat16)
     k, v = randn(shapes[1], torch.bfloat16), randn(shapes[1], torch.bfloat16)
-    for causal, scale in ((True, 0.125), (False, 0.3)):
-        out, lse = forward_op(q, k, v, causal, scale)
+    for causal, scale, lower_right in ((True, 0.125, False), (False, 0.3, False),
+                                       (True, 0.125, True)):
+        out, lse = forward_op(q, k, v, causal, scale, lower_right)
         grad_out = randn(shapes[0], torch.bfloat16)
-        torch.library.opcheck(backward_op.default, (grad_out, q, k, v, out, lse, causal, scale))
+        torch.library.opcheck(backward_op.default,
+                              (grad_out, q, k, v, out, lse, causal, scale, lower_right))
     # transposed (B, L, H, D) memory for q and grad_out
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     out, lse = forward_op(qt, k, v, True, 0.125)
@@ -276,6 +320,7 @@ def test_opcheck_forward_autograd():
     q = randn((2, 8, 129, 64), torch.bfloat16).requires_grad_()
     k, v = (randn((2, 2, 77, 64), torch.bfloat16).requires_grad_() for _ in range(2))
     torch.library.opcheck(forward_op.default, (q, k, v, True, 0.125))
+    torch.library.opcheck(forward_op.default, (q, k, v, True, 0.125, True))  # lower-right, Lq > Lk
 
 
 def _bwd_direct(**changes):
@@ -298,6 +343,15 @@ def _bwd_direct(**changes):
 def test_backward_op_rejects_bad_inputs(changes, message):
     with pytest.raises(RuntimeError, match=message):
         _bwd_direct(**changes)
+
+
+def test_ops_reject_lower_right_without_is_causal():
+    q, k, v = make_qkv(1, 4, 4, 32, 16, 64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="lower_right=True needs is_causal=True"):
+        forward_op(q, k, v, False, 0.125, True)
+    out, lse = forward_op(q, k, v, True, 0.125, True)
+    with pytest.raises(RuntimeError, match="lower_right=True needs is_causal=True"):
+        backward_op(randn(q.shape, torch.bfloat16), q, k, v, out, lse, False, 0.125, True)
 
 
 # ---- torch.compile, CUDA graphs --------------------------------------------------------------

@@ -144,9 +144,32 @@ def test_compile_fallback_path_matches_eager(cpu_kernel):
 def test_opcheck(cpu_kernel):
     q, k = bf16(2, 8, 33, 128), bf16(2, 2, 40, 128)
     torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, k, True, 0.125))
+    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, k, True, 0.125, True))
+    q2, k2 = bf16(2, 8, 40, 128), bf16(2, 2, 33, 128)  # lower-right with Lq > Lk
+    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q2, k2, k2, True, 0.125, True))
     torch.library.opcheck(torch.ops.tk.attention_fwd.default,
                           (bf16(1, 2, 17, 64).transpose(1, 2), bf16(1, 17, 2, 64),
                            bf16(1, 17, 2, 64), False, 1.0))
+
+
+@pytest.mark.parametrize("len_q, len_kv", [(33, 40), (40, 33)])
+def test_compile_fullgraph_lower_right(cpu_kernel, len_q, len_kv):
+    from reference import lower_right_bias
+    from torch._dynamo.testing import CompileCounterWithBackend
+    # Made outside the compiled function (torch 2.15's dynamo cannot construct a CausalBias).
+    bias = lower_right_bias(len_q, len_kv)
+
+    def f(q, k, v):
+        return tk.attention(q, k, v, attn_mask=bias, enable_gqa=True) * 2
+
+    q, k, v = bf16(2, 8, len_q, 64), bf16(2, 2, len_kv, 64), bf16(2, 2, len_kv, 64)
+    eager = f(q, k, v)
+    counter = CompileCounterWithBackend("aot_eager")
+    assert torch.equal(torch.compile(f, backend=counter, fullgraph=True)(q, k, v), eager)
+    assert cpu_kernel.calls[-1]["lower_right"] is True
+    nodes = [node for node in counter.graphs[0].graph.nodes
+             if node.op == "call_function" and str(node.target) == "tk.attention_fwd_sm90.default"]
+    assert len(nodes) == 1 and nodes[0].args[3:] == (True, 0.125, True)
 
 
 def test_compile_dynamic_shapes(cpu_kernel):

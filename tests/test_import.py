@@ -18,7 +18,7 @@ def test_version_matches_metadata():
 def test_ops_are_registered():
     schema = str(torch.ops.tk.attention_fwd.default._schema)
     assert schema == ("tk::attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, "
-                      "float scale) -> (Tensor out, Tensor lse)")
+                      "float scale, bool lower_right=False) -> (Tensor out, Tensor lse)")
     assert str(torch.ops.tk.matmul.default._schema) == "tk::matmul(Tensor a, Tensor b) -> Tensor"
 
 

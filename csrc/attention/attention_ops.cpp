@@ -75,10 +75,46 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     }
 }
 
+// The kernels' causal diagonal (forward_params.h: key j visible to query i iff
+// j <= i + causal_offset): 0 is SDPA's is_causal (top-left), Lk - Lq its causal_lower_right.
+int causal_offset(bool is_causal, bool lower_right, int64_t len_q, int64_t len_kv, const char* op) {
+    TORCH_CHECK(is_causal || !lower_right, op,
+                "lower_right=True needs is_causal=True (it moves the causal diagonal to the "
+                "bottom-right corner; without is_causal there is no diagonal)");
+    return lower_right ? static_cast<int>(len_kv - len_q) : 0;  // both lengths fit in int (checked)
+}
+
+// The fields ForwardParams and BackwardParams share, filled from q, k and v in one place so a
+// swapped stride or length cannot creep into only one of them.
+template <typename Params>
+void fill_common(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                 int offset, double scale, ElementType dtype) {
+    p.q = q.const_data_ptr();
+    p.k = k.const_data_ptr();
+    p.v = v.const_data_ptr();
+    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v);
+    p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
+    p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
+    p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
+    p.batch = static_cast<int>(q.size(0));
+    p.heads_q = static_cast<int>(q.size(1));
+    p.heads_kv = static_cast<int>(k.size(1));
+    p.len_q = static_cast<int>(q.size(2));
+    p.len_kv = static_cast<int>(k.size(2));
+    p.head_dim = static_cast<int>(q.size(3));
+    p.scale = static_cast<float>(scale);
+    p.causal = is_causal;
+    p.causal_offset = offset;
+    p.dtype = dtype;
+    p.multiprocessors = multiprocessor_count();
+    p.l2_bytes = l2_cache_bytes();
+}
+
 using Launcher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
 
 std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                 bool is_causal, double scale, Launcher launch) {
+                                                 bool is_causal, double scale, bool lower_right,
+                                                 Launcher launch) {
     TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
     check_operand(q, "q", q);
     check_operand(k, "k", q);
@@ -101,6 +137,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
                 head_dim, ")");
     TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
+    const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     if (launch == &forward_sm90) check_sm90(q.device(), kOp, "tk.attention picks the sm80 kernel or SDPA there");
@@ -108,9 +145,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
     at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
 
     ForwardParams params{};
-    params.q = q.const_data_ptr();
-    params.k = k.const_data_ptr();
-    params.v = v.const_data_ptr();
+    fill_common(params, q, k, v, is_causal, offset, scale, dtype);
     params.o = out.mutable_data_ptr();
     params.lse = lse.mutable_data_ptr<float>();
     at::Tensor task_counter;  // the sm90 causal kernel's task queue; a memset on the stream, graph-capturable
@@ -118,23 +153,8 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
         task_counter = at::zeros({1}, q.options().dtype(at::kInt));
         params.task_counter = task_counter.mutable_data_ptr<int>();
     }
-    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v),
-               os = kernel_strides(out);
-    params.q_stride_b = qs[0], params.q_stride_h = qs[1], params.q_stride_l = qs[2];
-    params.k_stride_b = ks[0], params.k_stride_h = ks[1], params.k_stride_l = ks[2];
-    params.v_stride_b = vs[0], params.v_stride_h = vs[1], params.v_stride_l = vs[2];
+    const auto os = kernel_strides(out);
     params.o_stride_b = os[0], params.o_stride_h = os[1], params.o_stride_l = os[2];
-    params.batch = static_cast<int>(batch);
-    params.heads_q = static_cast<int>(heads_q);
-    params.heads_kv = static_cast<int>(heads_kv);
-    params.len_q = static_cast<int>(len_q);
-    params.len_kv = static_cast<int>(len_kv);
-    params.head_dim = static_cast<int>(head_dim);
-    params.scale = static_cast<float>(scale);
-    params.causal = is_causal;
-    params.dtype = dtype;
-    params.multiprocessors = multiprocessor_count();
-    params.l2_bytes = l2_cache_bytes();
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     const cudaError_t status = launch(params, stream);
@@ -149,7 +169,8 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at::Tensor& dout, const at::Tensor& q,
                                                                        const at::Tensor& k, const at::Tensor& v,
                                                                        const at::Tensor& out, const at::Tensor& lse,
-                                                                       bool is_causal, double scale) {
+                                                                       bool is_causal, double scale,
+                                                                       bool lower_right) {
     const char* op = kBwdOp;
     TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
     check_operand(q, "q", q, op);
@@ -173,6 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                 op, "lse must be the forward's float32 (batch, heads_q, len_q) tensor on q's device, got ",
                 lse.sizes(), " ", lse.scalar_type());
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
+    const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, op);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     check_sm90(q.device(), op, "tk.attention computes gradients with SDPA there");
@@ -187,14 +209,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     at::Tensor dv = at::empty({batch, heads_kv, len_kv, head_dim}, v.options().memory_format(at::MemoryFormat::Contiguous));
 
     BackwardParams params{};
-    params.q = q.const_data_ptr();
-    params.k = k.const_data_ptr();
-    params.v = v.const_data_ptr();
+    fill_common(params, q, k, v, is_causal, offset, scale, dtype);
     params.dout = dout.const_data_ptr();
-    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v), ds = kernel_strides(dout);
-    params.q_stride_b = qs[0], params.q_stride_h = qs[1], params.q_stride_l = qs[2];
-    params.k_stride_b = ks[0], params.k_stride_h = ks[1], params.k_stride_l = ks[2];
-    params.v_stride_b = vs[0], params.v_stride_h = vs[1], params.v_stride_l = vs[2];
+    const auto ds = kernel_strides(dout);
     params.dout_stride_b = ds[0], params.dout_stride_h = ds[1], params.dout_stride_l = ds[2];
     params.dq_accum = dq_accum.mutable_data_ptr<float>();
     params.dk = dk.mutable_data_ptr();
@@ -202,17 +219,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.lse2 = lse2.const_data_ptr<float>();
     params.delta = delta.const_data_ptr<float>();
     params.len_q_padded = static_cast<int>(len_q_padded);
-    params.batch = static_cast<int>(batch);
-    params.heads_q = static_cast<int>(heads_q);
-    params.heads_kv = static_cast<int>(heads_kv);
-    params.len_q = static_cast<int>(len_q);
-    params.len_kv = static_cast<int>(len_kv);
-    params.head_dim = static_cast<int>(head_dim);
-    params.scale = static_cast<float>(scale);
-    params.causal = is_causal;
-    params.dtype = dtype;
-    params.multiprocessors = multiprocessor_count();
-    params.l2_bytes = l2_cache_bytes();
     at::Tensor task_counter;  // the causal kernel's task queue, zeroed by backward_statistics
     if (is_causal) {
         task_counter = at::empty({1}, q.options().dtype(at::kInt));
@@ -232,12 +238,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, bool is_causal, double scale) {
-    return attention_fwd(q, k, v, is_causal, scale, &forward_sm80);
+                                                           const at::Tensor& v, bool is_causal, double scale,
+                                                           bool lower_right) {
+    return attention_fwd(q, k, v, is_causal, scale, lower_right, &forward_sm80);
 }
 std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, bool is_causal, double scale) {
-    return attention_fwd(q, k, v, is_causal, scale, &forward_sm90);
+                                                           const at::Tensor& v, bool is_causal, double scale,
+                                                           bool lower_right) {
+    return attention_fwd(q, k, v, is_causal, scale, lower_right, &forward_sm90);
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 // and at the end O / l and the natural-log log-sum-exp m * c * ln2 + ln(l).
 // Partial tiles: Q/K/V rows past the sequence end load as zeros (cp.async zero
 // fill), scores of keys past the end are masked, output rows past the end are
-// not stored.
+// not stored. Causal: key j visible to query i iff j <= i + causal_offset (0: SDPA's
+// top-left rule, Lk - Lq: lower-right); a negative offset leaves rows (even whole
+// blocks) with no visible key, which store O = 0 and lse = -inf.
 #include "kittens/kittens.cuh"
 #include "attention/dispatch.h"
 #include "attention/forward_params.h"
@@ -49,7 +51,7 @@ struct Globals {
 template <typename T, int D, bool CAUSAL>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     forward_kernel(const __grid_constant__ Globals<T> g, const float scale_log2, const int heads_q,
-                   const int group_size) {
+                   const int group_size, const int causal_offset) {
     using S = SharedTiles<T, D>;
     constexpr int K_STEPS = D / kt::TILE_DIM;     // 16-wide slices of the head dim
     constexpr int BLOCK_KV = attention::BLOCK_KV<D>;
@@ -69,11 +71,29 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     const int q_block = CAUSAL ? q_blocks - 1 - blockIdx.x % q_blocks : blockIdx.x % q_blocks;
     const int b = bh / heads_q, h = bh % heads_q, h_kv = h / group_size;
     const int warp = kt::warp_id();
-    const int q_row0 = q_block * BLOCK_Q + warp * ROWS_PER_WARP;  // first query row of this warp
+    // Causal: the last key visible to this warp's first query row (row r sees keys <= diag0 + r).
+    const int diag0 = q_block * BLOCK_Q + warp * ROWS_PER_WARP + causal_offset;
 
-    // Key tiles this block needs: all of them, or (causal) up to its last query row.
-    const int kv_tiles_all = kt::ceil_div(len_kv, BLOCK_KV);
-    const int kv_tiles = CAUSAL ? min(kv_tiles_all, ((q_block + 1) * BLOCK_Q - 1) / BLOCK_KV + 1) : kv_tiles_all;
+    // Key tiles this block needs: all of them, or (causal) up to the last visible key of its
+    // last real query row; none when a negative offset hides every key from the block (clamped
+    // at 0 before dividing: ceil_div of a negative is wrong). q_end + offset <= Lk: no overflow.
+    // Such a block just stores O = 0 and lse = -inf.
+    const int q_end = min((q_block + 1) * BLOCK_Q, len_q);
+    const int kv_end = CAUSAL ? max(0, min(len_kv, q_end + causal_offset)) : len_kv;
+    const int kv_tiles = kt::ceil_div(kv_end, BLOCK_KV);
+
+    using score_tile = kt::rt_fl<ROWS_PER_WARP, BLOCK_KV>;
+    using row_values = typename score_tile::col_vec;
+    if (CAUSAL && kv_tiles == 0) {  // (lower-right, Lq > Lk) no row of the block sees a key
+        kt::rt<T, ROWS_PER_WARP, kt::TILE_DIM> zeros;
+        kt::zero(zeros);
+#pragma unroll
+        for (int d = 0; d < K_STEPS; d++) kt::store(g.o, zeros, {b, h, q_block * WARPS + warp, d});
+        row_values lse;
+        kt::neg_infty(lse);
+        kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
+        return;
+    }
 
     // Prologue in two groups, so the first S = Q K^T starts while V_0 is in flight.
     kt::warpgroup::load_async(q_smem, g.q, {b, h, q_block, 0});
@@ -82,8 +102,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     kt::warpgroup::load_async(v_smem[0], g.v, {b, h_kv, 0, 0});
     kt::cp_async_commit();
 
-    using score_tile = kt::rt_fl<ROWS_PER_WARP, BLOCK_KV>;
-    using row_values = typename score_tile::col_vec;
     kt::rt_fl<ROWS_PER_WARP, kt::TILE_DIM> o[K_STEPS];  // O in 16-column slices
     row_values row_max, row_sum;  // running max of raw scores; sum of P (this lane's share)
     kt::neg_infty(row_max);
@@ -92,9 +110,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     for (int d = 0; d < K_STEPS; d++) kt::zero(o[d]);
 
     // One key tile. MASKED tiles (a causal diagonal, or past the end of the keys) mask
-    // their scores, and skip warps whose rows all precede the tile. The two kinds are
-    // separate instantiations so the unmasked tiles, nearly all of them, run without
-    // any of that. (Skipping the masked 16-key slices of a diagonal tile per warp was
+    // their scores, and skip warps whose rows all precede the tile, except tile 0 (every
+    // warp must reach its barrier; a warp that sees none of it masks all its scores, which
+    // adds nothing). The two kinds are separate instantiations so the unmasked tiles,
+    // nearly all of them, run without any of that. (Skipping the masked 16-key slices of a diagonal tile per warp was
     // measured: it cost more in branches than it saved in mma.)
     constexpr int SLICES = BLOCK_KV / kt::TILE_DIM;
     auto process_tile = [&]<bool MASKED>(int j) {
@@ -108,7 +127,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::cp_async_commit();
         }
         const int kv_col0 = j * BLOCK_KV;
-        if (MASKED && CAUSAL && kv_col0 > q_row0 + ROWS_PER_WARP - 1) return;  // all keys in this warp's future
+        // All keys in this warp's future (its last row's last visible key precedes the tile):
+        if (MASKED && CAUSAL && j > 0 && kv_col0 > diag0 + ROWS_PER_WARP - 1) return;
 
         // S = Q K^T over 16-wide slices of the head dim. Q slices are re-read from shared
         // memory for every key tile: Q in registers would not leave room for S and O.
@@ -125,7 +145,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         if constexpr (MASKED) {
             kt::mask(s, [&](int r, int c) {
                 const int key = kv_col0 + c;
-                return key < len_kv && (!CAUSAL || key <= q_row0 + r);
+                return key < len_kv && (!CAUSAL || key <= diag0 + r);
             }, kt::neg_infinity());
         }
 
@@ -147,7 +167,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::mul(row_sum, row_sum, rescale);
         kt::row_sum_lane_partial(row_sum, s, row_sum);  // lanes combined once, after the loop
 
-        if (j == 0) {  // no warp skips tile 0, so every warp reaches this barrier
+        if (j == 0) {  // no warp skips tile 0 (see above), so every warp reaches this barrier
             if (kv_tiles > 1) kt::cp_async_wait<1>();  // V_0 (tile 1's group may be in flight)
             else kt::cp_async_wait<0>();
             __syncthreads();
@@ -171,13 +191,17 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     };
 
     // Tiles before the first one that needs a mask: all keys visible to every row of the
-    // block (causal: the tile ends at or before the block's first query row).
-    const int unmasked_tiles = min(len_kv / BLOCK_KV, CAUSAL ? (q_block * BLOCK_Q + 1) / BLOCK_KV : kv_tiles);
+    // block (causal: the tile ends at or before the first key hidden from the block's first
+    // query row; clamped at 0 before dividing).
+    const int unmasked_tiles =
+        min(len_kv / BLOCK_KV, CAUSAL ? max(0, q_block * BLOCK_Q + 1 + causal_offset) / BLOCK_KV : kv_tiles);
     int j = 0;
     for (; j < unmasked_tiles; j++) process_tile.template operator()<false>(j);
     for (; j < kv_tiles; j++) process_tile.template operator()<true>(j);
 
     kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+    // A row that saw no key has O = 0 and l = 0: divide by 1, so it stores 0, not 0/0.
+    kt::for_each_slot(row_sum, [&](int, int, float& l) { l = l == 0.f ? 1.f : l; });
 
     // Epilogue: O / l through this warp's rows of the Q tile, then coalesced stores.
     // The warp's last ldmatrix reads of those rows (other lanes' addresses) come first.
@@ -194,8 +218,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     kt::warp::store(g.o, o_smem, {b, h, q_block * WARPS + warp, 0});
 
     row_values lse;
-    kt::for_each_slot(lse, [&](int t, int i, float& x) {
-        x = (row_max.data[t][i] * scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
+    kt::for_each_slot(lse, [&](int t, int i, float& x) {  // -inf for a row that saw no key
+        const float m = row_max.data[t][i];
+        x = m == kt::neg_infinity() ? m : (m * scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
     });
     kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
 }
@@ -222,7 +247,7 @@ cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
     const int64_t blocks = int64_t(kt::ceil_div(p.len_q, BLOCK_Q)) * p.batch * p.heads_q;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(
-        g, p.scale * LOG2E, p.heads_q, p.heads_q / p.heads_kv);
+        g, p.scale * LOG2E, p.heads_q, p.heads_q / p.heads_kv, CAUSAL ? p.causal_offset : 0);
     return cudaGetLastError();
 }
 

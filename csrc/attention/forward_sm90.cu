@@ -16,8 +16,9 @@
 // K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
 // unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
 // padding: TMA zero-fills rows past the sequence end, their scores are masked, and the O
-// store clips rows past Lq. Causal is SDPA's top-left aligned rule (key <= query); keys >= Lk
-// are never visible.
+// store clips rows past Lq. Causal is key <= query + causal_offset (0: SDPA's top-left rule,
+// Lk - Lq: lower-right); keys >= Lk are never visible. A negative offset (lower-right, Lq > Lk)
+// leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
 #include <cuda.h>
 
 #include "kittens/kittens.cuh"
@@ -66,6 +67,7 @@ struct Globals {
     float* lse;  // (B, Hq, Lq) contiguous
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
+    int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
     int heads_per_group;  // causal task order: heads whose K/V are read together (fit in L2)
     float scale_log2;
 };
@@ -96,10 +98,14 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     }
     t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
     const int q_row0 = t.q_block * BLOCK_M;
-    // Key tiles the block needs, and how many of them need no mask at all.
-    const int kv_end = CAUSAL ? min(g.len_kv, q_row0 + BLOCK_M) : g.len_kv;
+    // Key tiles the block needs (up to the last visible key of its last real row), and how many
+    // of them need no mask at all (every key visible to its first row). Both clamped at 0 before
+    // dividing: with a negative offset a block may see no key (and ceil_div of a negative is wrong).
+    // q_end + offset <= Lk and q_row0 + 1 + offset <= Lk: no overflow.
+    const int q_end = min(q_row0 + BLOCK_M, g.len_q);
+    const int kv_end = CAUSAL ? max(0, min(g.len_kv, q_end + g.causal_offset)) : g.len_kv;
     t.tiles = kt::ceil_div(kv_end, BLOCK_N);
-    t.unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? (q_row0 + 1) / BLOCK_N : t.tiles);
+    t.unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? max(0, q_row0 + 1 + g.causal_offset) / BLOCK_N : t.tiles);
     return t;
 }
 
@@ -236,10 +242,12 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         // `rescale` the factor O and l must be multiplied by.
         auto softmax = [&]<bool MASKED>(int j, row_values& rescale) {
             if constexpr (MASKED) {
-                const int key0 = j * BLOCK_N;
+                // Key key0 + c is visible to row row0 + r iff key0 + c < Lk and (causal)
+                // key0 + c <= row0 + r + offset; relative to the tile's first key:
+                const int keys_left = g.len_kv - j * BLOCK_N;
+                const int diagonal = row0 + (CAUSAL ? g.causal_offset : 0) - j * BLOCK_N;
                 kt::mask(s, [&](int r, int c) {
-                    const int key = key0 + c;
-                    return key < g.len_kv && (!CAUSAL || key <= row0 + r);
+                    return c < keys_left && (!CAUSAL || c <= diagonal + r);
                 }, kt::neg_infinity());
             }
             row_values new_max, shift;
@@ -303,8 +311,11 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         ring += t.tiles;
 
         // Epilogue: O / l into this warpgroup's staging tile, one TMA store (clipped at Lq);
-        // the previous task's store must have finished reading the tile first.
+        // the previous task's store must have finished reading the tile first. A row that saw
+        // no key (also every row of a task with no tiles) has O = 0 and l = 0: divide by 1, so
+        // it stores 0, not 0/0.
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+        kt::for_each_slot(row_sum, [&](int, int, float& l) { l = l == 0.f ? 1.f : l; });
         kt::div_row(o, o, row_sum);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
@@ -318,8 +329,9 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
             kt::tma::store_commit();
         }
         row_values lse;
-        kt::for_each_slot(lse, [&](int tt, int i, float& x) {
-            x = (row_max.data[tt][i] * g.scale_log2 + __log2f(row_sum.data[tt][i])) * LN2;
+        kt::for_each_slot(lse, [&](int tt, int i, float& x) {  // -inf for a row that saw no key
+            const float m = row_max.data[tt][i];
+            x = m == kt::neg_infinity() ? m : (m * g.scale_log2 + __log2f(row_sum.data[tt][i])) * LN2;
         });
         const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, row0 / 16});
@@ -365,7 +377,10 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     g.task_counter = p.task_counter;
     g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
     g.len_q = p.len_q, g.len_kv = p.len_kv;
-    g.heads_per_group = causal_heads_per_group(p, sizeof(T) * D);
+    if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
+        g.causal_offset = p.causal_offset;
+        g.heads_per_group = causal_heads_per_group(p, sizeof(T) * D);
+    }
     g.scale_log2 = p.scale * LOG2E;
 
     constexpr int smem = kt::shared_bytes_for<Sh>();

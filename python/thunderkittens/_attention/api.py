@@ -28,17 +28,22 @@ def _nested_reason(query, key, value) -> str | None:
 
 
 def _decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """(family or None, fallback reason or None, attn_mask, is_causal): the arguments come back
-    with a causal bias the kernels compute turned into is_causal=True (the fallback gives the
-    same answer either way)."""
+    """(family or None, fallback reason or None, attn_mask, is_causal, lower_right): the
+    arguments come back with a causal bias turned into the kernels' flags (is_causal=True, and
+    lower_right=True for causal_lower_right with Lq != Lk). A fallback gets the caller's
+    lower-right bias back: SDPA has no lower-right flag (for the other biases is_causal=True
+    gives SDPA's same answer)."""
     check_types(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     reason = _nested_reason(query, key, value)
     if reason is not None:  # SDPA validates nested inputs itself
-        return None, reason, attn_mask, is_causal
+        return None, reason, attn_mask, is_causal, False
     check_values(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    attn_mask, is_causal = as_causal_flag(query, key, attn_mask, is_causal)
+    given_mask, given_causal = attn_mask, is_causal
+    attn_mask, is_causal, lower_right = as_causal_flag(query, key, attn_mask, is_causal)
     family, reason = decide(query, key, value, attn_mask, dropout_p, scale)
-    return family, reason, attn_mask, is_causal
+    if family is None and lower_right:
+        return None, reason, given_mask, given_causal, False
+    return family, reason, attn_mask, is_causal, lower_right
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -55,16 +60,18 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     F.scaled_dot_product_attention (see thunderkittens.explain for which path a call takes, and
     thunderkittens.strict to make a fallback an error). ``is_causal`` masks top-left aligned
     (query i sees keys j <= i), as SDPA does; ``attn_mask`` may be SDPA's causal bias
-    ``torch.nn.attention.bias.causal_upper_left(Lq, Lk)`` (the same mask, on the kernel) or
-    ``causal_lower_right(Lq, Lk)`` (on the kernel when Lq == Lk; SDPA otherwise). With enable_gqa, key/value are used with their own
-    head count (no repeated copies).
+    ``torch.nn.attention.bias.causal_upper_left(Lq, Lk)`` (the same mask) or
+    ``causal_lower_right(Lq, Lk)`` (query i sees keys j <= i + Lk - Lq), both on the kernel for
+    any lengths. With Lq > Lk, lower-right query rows i < Lq - Lk see no key: their output
+    rows (and gradients) are 0, as with SDPA's math backend and FlashAttention. With
+    enable_gqa, key/value are used with their own head count (no repeated copies).
 
     Inputs whose layout the kernel cannot read directly (last dim not contiguous, other strides
     not multiples of 8 elements, data not 16-byte aligned) are copied once with .contiguous().
     The result is a new contiguous tensor.
     """
-    family, reason, attn_mask, is_causal = _decide(query, key, value, attn_mask, dropout_p, is_causal,
-                                                   scale, enable_gqa)
+    family, reason, attn_mask, is_causal, lower_right = _decide(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if family is None:
         if _config.strict_enabled():
             raise FallbackError(f"tk.attention would fall back to torch SDPA: {reason}")
@@ -72,7 +79,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     head_dim = query.shape[-1]
     softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     out, _lse = _OPS[family.name](kernel_operand(query), kernel_operand(key),
-                                  kernel_operand(value), is_causal, softmax_scale)
+                                  kernel_operand(value), is_causal, softmax_scale, lower_right)
     return out.view(tuple(query.shape[:-1]) + (head_dim,))
 
 
@@ -94,11 +101,12 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       is_causal: bool = False, scale: float | None = None,
                       enable_gqa: bool = False) -> AttentionPlan:
     """Which path ``attention`` would take for these arguments, and why; ``str()`` of the result
-    is one line, e.g. ``kernel tk.attention_fwd [sm80 mma.sync] bf16 d=128 causal gqa=4`` or
+    is one line, e.g. ``kernel tk.attention_fwd [sm80 mma.sync] bf16 d=128 causal gqa=4`` (``causal
+    lower-right`` for causal_lower_right with Lq != Lk) or
     ``fallback torch SDPA: dropout_p > 0 is not supported by the kernel yet``. Raises the same
     argument errors as ``attention``; does not run the kernel."""
-    family, reason, attn_mask, is_causal = _decide(query, key, value, attn_mask, dropout_p, is_causal,
-                                                   scale, enable_gqa)
+    family, reason, attn_mask, is_causal, lower_right = _decide(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     copies = ()
     if family is not None:
         copies = tuple(name for name, t in (("query", query), ("key", key), ("value", value))
@@ -111,7 +119,8 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         kernel_description=family.description if family else None,
         op=f"tk.{family.op_name}" if family else None,
         dtype=query.dtype, head_dim=int(query.shape[-1]),
-        causal=is_causal, gqa_ratio=gqa, copies=copies, strict=_config.strict_enabled(),
+        causal=is_causal, lower_right=lower_right, gqa_ratio=gqa, copies=copies,
+        strict=_config.strict_enabled(),
         backward_op=(f"tk.{family.backward_op_name}"
                      if family is not None and needs_grad(query, key, value) else None))
 

@@ -5,7 +5,7 @@ see it.
 The forward op returns (out, lse); the backward op reads q, k, v, out and lse, so those are
 saved, and gives (dq, dk, dv) in one call:
 
-    torch.ops.tk.attention_bwd_sm90(grad_out, q, k, v, out, lse, is_causal, scale)
+    torch.ops.tk.attention_bwd_sm90(grad_out, q, k, v, out, lse, is_causal, scale, lower_right)
 
 with dk/dv already summed over each GQA group's query heads. lse is not differentiable (nothing
 downstream of tk.attention sees it). grad_out arrives in whatever layout autograd made (often an
@@ -30,11 +30,13 @@ BACKWARD_OP = "tk::attention_bwd_sm90"
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, is_causal, scale = inputs
+    # All six schema arguments: torch fills in defaulted ones (lower_right) the caller left out.
+    q, k, v, is_causal, scale, lower_right = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.is_causal = is_causal
     ctx.scale = scale
+    ctx.lower_right = lower_right
     ctx.mark_non_differentiable(lse)
     # No zero-filled gradient for lse (it has none), nor for out when it was not used.
     ctx.set_materialize_grads(False)
@@ -42,13 +44,13 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out: torch.Tensor | None, _grad_lse: None):
     if grad_out is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.tk.attention_bwd_sm90(kernel_operand(grad_out), q, k, v, out, lse,
-                                                 ctx.is_causal, ctx.scale)
+                                                 ctx.is_causal, ctx.scale, ctx.lower_right)
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
     return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
-            None, None)
+            None, None, None)
 
 
 def _no_double_backward(ctx, *grads):

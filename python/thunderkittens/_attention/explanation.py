@@ -23,6 +23,7 @@ class AttentionPlan:
     copies: tuple[str, ...]         # inputs that get a .contiguous() copy on the kernel path
     strict: bool                    # strict mode: a fallback would raise FallbackError
     backward_op: str | None = None  # e.g. "tk.attention_bwd_sm90" when gradients are needed
+    lower_right: bool = False       # causal diagonal bottom-right (causal_lower_right, Lq != Lk)
 
     def __str__(self) -> str:
         if not self.uses_kernel:
@@ -30,7 +31,7 @@ class AttentionPlan:
             return text + (" (strict mode: tk.attention raises FallbackError)" if self.strict else "")
         parts = [f"kernel {self.op} [{self.kernel_description}]",
                  _DTYPE_NAMES.get(self.dtype, str(self.dtype)), f"d={self.head_dim}",
-                 "causal" if self.causal else "full"]
+                 _mask_name(self.causal, self.lower_right)]
         if self.gqa_ratio > 1:
             parts.append(f"gqa={self.gqa_ratio}")
         if self.backward_op:
@@ -38,3 +39,9 @@ class AttentionPlan:
         if self.copies:
             parts.append(f"(copies {', '.join(self.copies)} with .contiguous())")
         return " ".join(parts)
+
+
+def _mask_name(causal: bool, lower_right: bool) -> str:
+    if not causal:
+        return "full"
+    return "causal lower-right" if lower_right else "causal"

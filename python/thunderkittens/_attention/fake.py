@@ -6,6 +6,8 @@ C++ ops:
   (B, Hq, Lq, D) tensor in q's dtype, lse a new contiguous (B, Hq, Lq) float32 tensor.
 - tk::attention_bwd_sm90: dq a new contiguous tensor shaped like q, dk/dv new contiguous
   tensors shaped like k/v (already summed over each GQA group), all in q's dtype.
+
+All three reject lower_right=True without is_causal, as the C++ ops do.
 """
 
 from __future__ import annotations
@@ -13,8 +15,17 @@ from __future__ import annotations
 import torch
 
 
+def _check_lower_right(who: str, is_causal: bool, lower_right: bool) -> None:
+    torch._check(is_causal or not lower_right,
+                 lambda: f"{who}: lower_right=True needs is_causal=True (it moves the causal "
+                         "diagonal to the bottom-right corner; without is_causal there is no "
+                         "diagonal)")
+
+
 def attention_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       scale: float,
+                       lower_right: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_lower_right("tk::attention_fwd", is_causal, lower_right)
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
                  lambda: "tk::attention_fwd: q, k and v must be 4-D (batch, heads, length, head_dim)")
     torch._check(q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
@@ -31,9 +42,11 @@ def attention_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
 
 
 def attention_bwd_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       out: torch.Tensor, lse: torch.Tensor, is_causal: bool,
-                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       out: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
+                       lower_right: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     who = "tk::attention_bwd_sm90"
+    _check_lower_right(who, is_causal, lower_right)
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
                  lambda: f"{who}: q, k and v must be 4-D (batch, heads, length, head_dim)")
     torch._check(q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype
