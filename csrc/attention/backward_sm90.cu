@@ -394,14 +394,11 @@ template <typename T, int D, bool CAUSAL>
 cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     using G = Globals<T, D>;
     using Sh = Shared<T, D>;
-    auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
-        return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
-    };
-    const kt::gl<T> q = tensor(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
-    const kt::gl<T> k = tensor(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = tensor(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> q = head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
+    const kt::gl<T> k = head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
+    const kt::gl<T> v = head_major<T, D>(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
     const kt::gl<T> dout =
-        tensor(p.dout, p.batch, p.heads_q, p.len_q, p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
+        head_major<T, D>(p.dout, p.batch, p.heads_q, p.len_q, p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
     const kt::gl<float> dq(p.dq_accum, p.batch, p.heads_q, p.len_q, D);
     const kt::gl<T> dk(static_cast<T*>(p.dk), p.batch, p.heads_kv, p.len_kv, D);
     const kt::gl<T> dv(static_cast<T*>(p.dv), p.batch, p.heads_kv, p.len_kv, D);

@@ -7,8 +7,17 @@
 
 #include "attention/forward_params.h"
 #include "kittens/common/base_types.cuh"
+#include "kittens/types/global/gl.cuh"
 
 namespace tk::attention {
+
+// A (batch, heads, length, D) operand of the params as the tile core's global layout.
+template <typename T, int D>
+kittens::gl<T> head_major(const void* data, int batch, int heads, int len, int64_t stride_b, int64_t stride_h,
+                          int64_t stride_l) {
+    return kittens::gl<T>(static_cast<T*>(const_cast<void*>(data)), batch, heads, len, D, stride_b, stride_h,
+                          stride_l);
+}
 
 template <typename Kernel, typename Params>
 cudaError_t dispatch(const Params& p, cudaStream_t stream) {

@@ -233,13 +233,10 @@ struct Sm80Forward {
 template <typename T, int D, bool CAUSAL>
 cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
     using G = Globals<T>;
-    auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
-        return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
-    };
-    const G g{tensor(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l),
-              tensor(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l),
-              tensor(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l),
-              tensor(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l),
+    const G g{head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l),
+              head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l),
+              head_major<T, D>(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l),
+              head_major<T, D>(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l),
               kt::gl<float>(p.lse, p.batch, p.heads_q, 1, p.len_q)};
     constexpr int smem = SharedTiles<T, D>::bytes;
     auto kernel = forward_kernel<T, D, CAUSAL>;

@@ -26,6 +26,7 @@
 #include "kittens/hopper/tma_cache.cuh"
 #include "attention/dispatch.h"
 #include "attention/forward_params.h"
+#include "attention/task_order.h"
 
 namespace tk::attention {
 namespace {
@@ -83,15 +84,10 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
-    if constexpr (CAUSAL) {
-        // Heads go in groups whose K/V fit in L2 together; within a group the heaviest query
-        // blocks (most key tiles) come first over all its heads, so the dynamically handed
-        // out tasks end on light ones and the blocks finish together.
-        const int heads_total = g.batch * g.heads_q, per_group = g.heads_per_group * q_blocks;
-        const int group = index / per_group, first_head = group * g.heads_per_group;
-        const int heads_here = min(g.heads_per_group, heads_total - first_head), r = index % per_group;
-        t.q_block = q_blocks - 1 - r / heads_here;
-        bh = first_head + r % heads_here;
+    if constexpr (CAUSAL) {  // the last query blocks see the most keys
+        const HeadAndRank at = heaviest_first(index, g.batch * g.heads_q, g.heads_per_group, q_blocks);
+        t.q_block = q_blocks - 1 - at.rank;
+        bh = at.head;
     } else {  // a head's query blocks together, so blocks running together share its K/V in L2
         t.q_block = index % q_blocks;
         bh = index / q_blocks;
@@ -341,16 +337,6 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
 #endif
 }
 
-// Causal task order: how many heads' query blocks are interleaved (heaviest first over the
-// group). More heads balance the uneven tasks better; but the K/V of every head in the group
-// are read at once, so the group's K/V must fit in about half of L2.
-int causal_heads_per_group(const ForwardParams& p, int64_t row_bytes) {
-    const int64_t kv_bytes_per_q_head = 2 * int64_t(p.len_kv) * row_bytes / (p.heads_q / p.heads_kv);
-    const int64_t fit = (p.l2_bytes / 2) / (kv_bytes_per_q_head > 0 ? kv_bytes_per_q_head : 1);
-    const int64_t heads_total = int64_t(p.batch) * p.heads_q;
-    return int(fit < 1 ? 1 : fit > heads_total ? heads_total : fit);
-}
-
 struct Sm90Forward {
     template <typename T, int D, bool CAUSAL>
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
@@ -360,14 +346,11 @@ template <typename T, int D, bool CAUSAL>
 cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     using G = Globals<T, D>;
     using Sh = Shared<T, D>;
-    auto tensor = [](const void* ptr, int batch, int heads, int len, int64_t sb, int64_t sh, int64_t sl) {
-        return kt::gl<T>(static_cast<T*>(const_cast<void*>(ptr)), batch, heads, len, D, sb, sh, sl);
-    };
     G g{};
-    const kt::gl<T> q = tensor(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
-    const kt::gl<T> k = tensor(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = tensor(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
-    const kt::gl<T> o = tensor(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l);
+    const kt::gl<T> q = head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
+    const kt::gl<T> k = head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
+    const kt::gl<T> v = head_major<T, D>(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> o = head_major<T, D>(p.o, p.batch, p.heads_q, p.len_q, p.o_stride_b, p.o_stride_h, p.o_stride_l);
     if (kt::tma::cached_tensor_map<typename Sh::q_tile>(&g.q_map, q) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename Sh::kv_tile>(&g.k_map, k) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename Sh::kv_tile>(&g.v_map, v) != CUDA_SUCCESS ||
@@ -379,7 +362,9 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     g.len_q = p.len_q, g.len_kv = p.len_kv;
     if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
         g.causal_offset = p.causal_offset;
-        g.heads_per_group = causal_heads_per_group(p, sizeof(T) * D);
+        // The heads' K/V are what a group's tasks read together.
+        const int64_t kv_bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size;
+        g.heads_per_group = heads_sharing_l2(kv_bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q);
     }
     g.scale_log2 = p.scale * LOG2E;
 
