@@ -18,6 +18,7 @@
 #include "kittens/kittens.cuh"
 #include "attention/dispatch.h"
 #include "attention/forward_params.h"
+#include "attention/softmax_rows.cuh"
 
 namespace tk::attention {
 namespace {
@@ -33,7 +34,6 @@ constexpr int BLOCK_Q = WARPS * ROWS_PER_WARP;
 template <int D> constexpr int BLOCK_KV = D <= 64 ? 128 : 64;
 constexpr int STAGES = 2;
 constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
 
 template <typename T, int D>
 struct SharedTiles {
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
     kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
     // A row that saw no key has O = 0 and l = 0: divide by 1, so it stores 0, not 0/0.
-    kt::for_each_slot(row_sum, [&](int, int, float& l) { l = l == 0.f ? 1.f : l; });
+    guard_empty_rows(row_sum);
 
     // Epilogue: O / l through this warp's rows of the Q tile, then coalesced stores.
     // The warp's last ldmatrix reads of those rows (other lanes' addresses) come first.
@@ -218,10 +218,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     kt::warp::store(g.o, o_smem, {b, h, q_block * WARPS + warp, 0});
 
     row_values lse;
-    kt::for_each_slot(lse, [&](int t, int i, float& x) {  // -inf for a row that saw no key
-        const float m = row_max.data[t][i];
-        x = m == kt::neg_infinity() ? m : (m * scale_log2 + __log2f(row_sum.data[t][i])) * LN2;
-    });
+    log_sum_exp(lse, row_max, row_sum, scale_log2);  // -inf for a row that saw no key
     kt::store(g.lse, lse, {b, h, 0, q_block * WARPS + warp});
 }
 

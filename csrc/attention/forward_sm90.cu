@@ -26,6 +26,7 @@
 #include "kittens/hopper/tma_cache.cuh"
 #include "attention/dispatch.h"
 #include "attention/forward_params.h"
+#include "attention/softmax_rows.cuh"
 #include "attention/task_order.h"
 
 namespace tk::attention {
@@ -44,7 +45,6 @@ constexpr int PRODUCER_REGISTERS = 24;
 // (the launch gives every thread 65536 / threads, rounded down to 8).
 template <int D> constexpr int CONSUMER_REGISTERS = CONSUMERS<D> == 2 ? 240 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
 
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         // no key (also every row of a task with no tiles) has O = 0 and l = 0: divide by 1, so
         // it stores 0, not 0/0.
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
-        kt::for_each_slot(row_sum, [&](int, int, float& l) { l = l == 0.f ? 1.f : l; });
+        guard_empty_rows(row_sum);
         kt::div_row(o, o, row_sum);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
@@ -325,10 +325,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
             kt::tma::store_commit();
         }
         row_values lse;
-        kt::for_each_slot(lse, [&](int tt, int i, float& x) {  // -inf for a row that saw no key
-            const float m = row_max.data[tt][i];
-            x = m == kt::neg_infinity() ? m : (m * g.scale_log2 + __log2f(row_sum.data[tt][i])) * LN2;
-        });
+        log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
         const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, row0 / 16});
     }
