@@ -146,11 +146,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     }
     __syncthreads();
 
-    // Step s of a task: query block first_q_block + s % per_head of the group's query head
-    // s / per_head.
-    auto step_q_block = [](const Task t, int step) { return t.first_q_block + step % t.per_head; };
-    auto step_head = [&](const Task t, int step) { return t.h_kv * g.group_size + step / t.per_head; };
-
     const int warpgroup = kt::warp_id() / 4;
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
@@ -160,6 +155,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             // issued before the wait for the K/V buffer (they only need ring slots, which free
             // up during the previous task's last steps), so they are in flight meanwhile.
             int ring = 0, index = blockIdx.x;
+            // Step s of a task: query block first_q_block + s % per_head of the group's query
+            // head s / per_head (the consumers walk the same order incrementally).
+            auto step_q_block = [](const Task t, int step) { return t.first_q_block + step % t.per_head; };
+            auto step_head = [&](const Task t, int step) { return t.h_kv * g.group_size + step / t.per_head; };
             auto load_inputs = [&](const Task t, int from, int to) {
                 for (int step = from; step < to; step++) {
                     const int n = ring + step, s = n % STAGES;
