@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
 }
 
 // dq, dk, dv of out = attention(q, k, v) given dout, in three launches on the current stream:
-// the per-row statistics the kernel reads (lse * log2(e) and rowsum(dout * out), padded to whole
+// the per-row statistics the kernel reads (-lse / scale and -rowsum(dout * out), padded to whole
 // 64-row blocks), the backward kernel (dk, dv, and dq into a zeroed fp32 accumulator), and the
 // scaling/conversion of dq.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at::Tensor& dout, const at::Tensor& q,
@@ -201,8 +201,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     const at::Tensor lse_rows = lse.contiguous();
     const int64_t len_q_padded = (len_q + 63) / 64 * 64;
     const auto f32 = q.options().dtype(at::kFloat);
-    at::Tensor lse2 = at::empty({batch, heads_q, len_q_padded}, f32);
-    at::Tensor delta = at::empty({batch, heads_q, len_q_padded}, f32);
+    at::Tensor score_shift = at::empty({batch, heads_q, len_q_padded}, f32);
+    at::Tensor neg_delta = at::empty({batch, heads_q, len_q_padded}, f32);
     at::Tensor dq_accum = at::empty({batch, heads_q, len_q, head_dim}, f32);  // zeroed by backward_statistics
     at::Tensor dq = at::empty({batch, heads_q, len_q, head_dim}, q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dk = at::empty({batch, heads_kv, len_kv, head_dim}, k.options().memory_format(at::MemoryFormat::Contiguous));
@@ -216,8 +216,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.dq_accum = dq_accum.mutable_data_ptr<float>();
     params.dk = dk.mutable_data_ptr();
     params.dv = dv.mutable_data_ptr();
-    params.lse2 = lse2.const_data_ptr<float>();
-    params.delta = delta.const_data_ptr<float>();
+    params.score_shift = score_shift.const_data_ptr<float>();
+    params.neg_delta = neg_delta.const_data_ptr<float>();
     params.len_q_padded = static_cast<int>(len_q_padded);
     at::Tensor task_counter;  // the causal kernel's task queue, zeroed by backward_statistics
     if (is_causal) {
@@ -229,8 +229,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    cudaError_t status = backward_statistics(params, out_view, lse2.mutable_data_ptr<float>(),
-                                             delta.mutable_data_ptr<float>(), stream);
+    cudaError_t status = backward_statistics(params, out_view, score_shift.mutable_data_ptr<float>(),
+                                             neg_delta.mutable_data_ptr<float>(), stream);
     if (status == cudaSuccess) status = backward_sm90(params, stream);
     if (status == cudaSuccess) status = backward_finish_dq(params, dq.mutable_data_ptr(), stream);
     TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));

@@ -9,18 +9,19 @@ namespace {
 
 namespace kt = kittens;
 
-constexpr float LOG2E = 1.4426950408889634f;
 constexpr int WARPS_PER_BLOCK = 8;
 
-// Per query row (rows < Lq): delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf where lse is
-// -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one pass
-// instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole 64-row
-// blocks) get delta 0 and lse2 +inf. Also zeroes the backward kernel's task counter (causal),
-// which runs after this on the same stream. A row is LANES_PER_ROW lanes with 16-byte loads.
+// Per query row (rows < Lq): neg_delta = -rowsum(dO * O), score_shift = -lse / scale (-inf where
+// lse is -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one
+// pass instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole
+// 64-row blocks) get neg_delta 0 and score_shift -inf. Also zeroes the backward kernel's task
+// counter (causal), which runs after this on the same stream. A row is LANES_PER_ROW lanes with
+// 16-byte loads.
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
-    statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* lse2, float* delta,
-                      float* dq_accum, int heads_q, int len_q, int len_q_padded, int64_t rows, int* task_counter) {
+    statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* score_shift,
+                      float* neg_delta, float* dq_accum, float scale, int heads_q, int len_q, int len_q_padded,
+                      int64_t rows, int* task_counter) {
     constexpr int CHUNK = 16 / int(sizeof(T));  // elements per 16-byte load
     constexpr int LANES_PER_ROW = D / CHUNK, ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
     static_assert(D % CHUNK == 0 && kt::WARP_THREADS % LANES_PER_ROW == 0, "statistics: head dim");
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     for (int offset = LANES_PER_ROW / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (part == 0 && row < rows) {
         const float l = real ? lse[bh * len_q + i] : kt::neg_infinity();
-        delta[row] = dot;
-        lse2[row] = l == kt::neg_infinity() ? __int_as_float(0x7f800000) : l * LOG2E;
+        neg_delta[row] = -dot;
+        score_shift[row] = l == kt::neg_infinity() ? kt::neg_infinity() : -l / scale;
     }
 }
 
@@ -64,7 +65,8 @@ __global__ void finish_dq_kernel(const float4* dq_accum, T* dq, float scale, int
 }
 
 template <typename T, int D>
-cudaError_t statistics(const BackwardParams& p, const OutputView& o, float* lse2, float* delta, cudaStream_t stream) {
+cudaError_t statistics(const BackwardParams& p, const OutputView& o, float* score_shift, float* neg_delta,
+                       cudaStream_t stream) {
     const kt::gl<T> dout(static_cast<T*>(const_cast<void*>(p.dout)), p.batch, p.heads_q, p.len_q, D,
                          p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
     const kt::gl<T> out(static_cast<T*>(const_cast<void*>(o.out)), p.batch, p.heads_q, p.len_q, D, o.stride_b,
@@ -74,21 +76,22 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, float* lse2
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
-        dout, out, o.lse, lse2, delta, p.dq_accum, p.heads_q, p.len_q, p.len_q_padded, rows, p.task_counter);
+        dout, out, o.lse, score_shift, neg_delta, p.dq_accum, p.scale, p.heads_q, p.len_q, p.len_q_padded, rows,
+        p.task_counter);
     return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, float* lse2, float* delta,
-                                cudaStream_t stream) {
+cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, float* score_shift,
+                                float* neg_delta, cudaStream_t stream) {
     const bool bf16 = p.dtype == ElementType::bf16;
     if (p.head_dim == 64)
-        return bf16 ? statistics<kt::bf16, 64>(p, out, lse2, delta, stream)
-                    : statistics<kt::half, 64>(p, out, lse2, delta, stream);
+        return bf16 ? statistics<kt::bf16, 64>(p, out, score_shift, neg_delta, stream)
+                    : statistics<kt::half, 64>(p, out, score_shift, neg_delta, stream);
     if (p.head_dim == 128)
-        return bf16 ? statistics<kt::bf16, 128>(p, out, lse2, delta, stream)
-                    : statistics<kt::half, 128>(p, out, lse2, delta, stream);
+        return bf16 ? statistics<kt::bf16, 128>(p, out, score_shift, neg_delta, stream)
+                    : statistics<kt::half, 128>(p, out, score_shift, neg_delta, stream);
     return cudaErrorInvalidValue;
 }
 

@@ -8,11 +8,13 @@
 // counter. A producer thread loads each task's K and V, and streams Q_i and dO_i through a ring
 // (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO land
 // while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory is
-// full). The consumers read the per-row statistics from global memory. Per query block, with
-// c = scale * log2(e) and the statistics lse2 = lse * log2(e), delta = rowsum(dO * O):
-//   S^T  = K Q_i^T,   dP^T = V dO_i^T                 wgmma, operands from shared memory
-//   P^T  = exp2(S^T c - lse2)   (causal: 0 where key > query + causal_offset)
-//   dS^T = P^T (dP^T - delta)
+// full). Per query block, with c = scale * log2(e) and the per-row statistics as
+// backward_rows.cu leaves them (shift = -lse / scale, neg_delta = -rowsum(dO * O)):
+//   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
+//                                                  from shared memory (d128) or registers (d64);
+//                                                  S^T accumulates onto the shift
+//   P^T  = exp2(S^T c)   (causal: 0 where key > query + causal_offset)
+//   dS^T = P^T (dP^T + neg_delta)
 //   dV  += P^T dO_i,  dK += dS^T Q_i                  wgmma, A = P^T from registers, dS^T
 //                                                     from shared memory (only one register
 //                                                     A operand: with two, ptxas serializes
@@ -28,7 +30,7 @@
 // Lk clipped) from the dQ staging tiles, while the next task's K/V load; the op layer scales
 // and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS only
 // multiply those zero rows (dQ) or land in rows that are never stored (dK, dV), so only
-// causality needs a mask. Query rows past Lq, and rows that see no key, have lse2 = +inf
+// causality needs a mask. Query rows past Lq, and rows that see no key, have shift = -inf
 // (P = 0); rows past Lq have zero dO.
 #include <cuda.h>
 
@@ -50,6 +52,7 @@ constexpr int BLOCK_M = 64;              // query rows per step
 // Q/dO ring depth and K/V buffers: what fits beside the dS/dQ staging (d128 uses ~225 of 227 KiB).
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 template <int D> constexpr int KV_BUFFERS = D <= 64 ? 2 : 1;
+template <int D> constexpr bool KV_IN_REGISTERS = D <= 64;
 // Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): the step's dS^T is complete in
 // shared memory (4 + parity), and the step's dQ product has read it (6 + parity).
 constexpr int DS_READY = 4, DS_FREE = 6;
@@ -86,7 +89,7 @@ struct Shared {
 template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map;
-    kt::gl<float> lse2, delta;  // (B, Hq, 1, len_q_padded)
+    kt::gl<float> score_shift, neg_delta;  // (B, Hq, 1, len_q_padded)
     int* task_counter;          // causal: zeroed before the launch
     int batch, heads_q, heads_kv, group_size, len_q, len_kv;
     int causal_offset;          // key j visible to query i iff j <= i + causal_offset
@@ -201,6 +204,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     using column_values = typename score_tile::row_vec;
     kt::rt_fl<16, D> dk, dv;
     kt::rt<T, 16, BLOCK_M> p_t;  // register A operand of the dV product
+    // At d64 this warp's 16 keys of K and V stay in registers for the task (register A
+    // operands of S^T and dP^T): shared memory bandwidth, not the tensor cores, bounds the
+    // step there (both operands of every product come from it).
+    struct NoTile {};
+    using kv_registers = std::conditional_t<KV_IN_REGISTERS<D>, kt::rt<T, 16, D>, NoTile>;
+    kv_registers k_reg, v_reg;
 
     // One step per query block. dQ_i = dS K needs the dS of all 128 keys, so one warpgroup per
     // step (the parity of the block's running step count: the "owner") computes it over both
@@ -221,33 +230,33 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // serializes every wgmma (C7515, nvcc 13.0).
     constexpr int BOTH = CONSUMERS * 4 * kt::WARP_THREADS;
     static_assert(CONSUMERS == 2, "backward: dQ ownership alternates between two warpgroups");
-    // The statistics of a step's 64 query rows (a lane's columns), from global memory (L2):
-    // loaded right before use they stalled the warps (ncu: 31% of stalls). At d64 they are
-    // loaded a step ahead (within a task); at d128 that spills, so there while S^T and dP^T run.
-    constexpr bool STATISTICS_AHEAD = D <= 64;
-    column_values lse2, delta;
-    // Unchecked float2 loads from one base address each: the arrays are padded to whole
-    // query blocks (kt::load's per-element bounds checks cost registers the step needs).
-    auto load_statistics = [&](int b, int h, int i) {
-        const float* lse2_row = g.lse2.ptr(b, h, 0, i * BLOCK_M);
-        const float* delta_row = g.delta.ptr(b, h, 0, i * BLOCK_M);
+    // The per-row statistics (one value per query column, a lane's columns here), from global
+    // memory (L2); loaded right before use they stalled the warps (ncu: 31% of stalls). The
+    // shift is loaded during the previous step's dV/dK products and becomes S^T's initial
+    // value when the step starts, so it holds registers only while S^T does not (held through
+    // the step, lse and delta made the d128 kernels spill); neg_delta loads while S^T and dP^T
+    // run. (Starting dP^T from neg_delta as well makes ptxas serialize the wgmma, C7520.)
+    // Unchecked float2 loads from one base address each: the arrays are padded to whole query
+    // blocks.
+    column_values shift, neg_delta;
+    auto load_columns = [&](column_values& v, const float* row) {
         const int lane_column = 2 * (kt::lane_id() % 4);  // column_values' layout: two pairs per 16
 #pragma unroll
         for (int t = 0; t < column_values::tiles; t++) {
 #pragma unroll
             for (int pair = 0; pair < 2; pair++) {
-                const int c = t * kt::TILE_DIM + 8 * pair + lane_column;
-                const float2 l = *reinterpret_cast<const float2*>(lse2_row + c);
-                const float2 d = *reinterpret_cast<const float2*>(delta_row + c);
-                lse2.data[t][2 * pair] = l.x, lse2.data[t][2 * pair + 1] = l.y;
-                delta.data[t][2 * pair] = d.x, delta.data[t][2 * pair + 1] = d.y;
+                const float2 x = *reinterpret_cast<const float2*>(row + t * kt::TILE_DIM + 8 * pair + lane_column);
+                v.data[t][2 * pair] = x.x, v.data[t][2 * pair + 1] = x.y;
             }
         }
     };
+    auto load_statistics = [&](int b, int h, int i) { load_columns(shift, g.score_shift.ptr(b, h, 0, i * BLOCK_M)); };
+    auto load_neg_delta = [&](int b, int h, int i) { load_columns(neg_delta, g.neg_delta.ptr(b, h, 0, i * BLOCK_M)); };
     static_assert(column_values::slots == 4, "load_statistics: a lane holds two pairs per 16 columns");
     // Query block i of query head h (of batch b) against key block kv_block; n: the block's
     // running step count (the ring position; its parity picks the dS^T buffer and the owner).
-    auto step_body = [&]<bool MASKED>(int b, int h, int i, int kv_block, int kvs, int n) {
+    // The statistics of query block next_i of head next_h (the task's next step) load during it.
+    auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, int next_h, int next_i) {
         const int s = n % STAGES, parity = n % 2;
         const bool owner = parity == consumer;
         auto& k_all = sh.k[kvs];
@@ -256,25 +265,31 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         const int my_key0 = kv_block * BLOCK_N + consumer * 64 + warp * 16;  // this warp's first key
         kt::wait(sh.in_full[s], (n / STAGES) % 2);
         score_tile s_t, dp_t;
+        kt::broadcast_col(s_t, shift);
         kt::wgmma::fence();
-        kt::wgmma::mma_ABt(s_t, k_mine, sh.q[s], false);
+        if constexpr (KV_IN_REGISTERS<D>)
+            kt::wgmma::mma_ABt(s_t, k_reg, sh.q[s], true);  // onto the statistics
+        else
+            kt::wgmma::mma_ABt(s_t, k_mine, sh.q[s], true);
         kt::wgmma::commit();
-        kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
+        if constexpr (KV_IN_REGISTERS<D>)
+            kt::wgmma::mma_ABt(dp_t, v_reg, sh.dout[s], false);
+        else
+            kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
         kt::wgmma::commit();
-        if constexpr (!STATISTICS_AHEAD) load_statistics(b, h, i);  // while the products run
+        load_neg_delta(b, h, i);
         kt::wgmma::wait<1>();  // S^T_j done
         kt::wgmma::fence_operand(s_t);
 
         kt::mul(s_t, s_t, g.scale_log2);
-        kt::sub_col(s_t, s_t, lse2);
-        if constexpr (MASKED) {
+        if (CAUSAL && masked) {
             const int visible_to = i * BLOCK_M + g.causal_offset;  // key <= query + offset
             kt::mask(s_t, [&](int r, int c) { return my_key0 + r <= visible_to + c; }, kt::neg_infinity());
         }
         kt::exp2(s_t, s_t);  // P^T
         kt::wgmma::wait<0>();  // dP^T_j done
         kt::wgmma::fence_operand(dp_t);
-        kt::sub_col(dp_t, dp_t, delta);
+        kt::add_col(dp_t, dp_t, neg_delta);
         kt::mul(dp_t, dp_t, s_t);  // dS^T
         kt::copy(p_t, s_t);
 
@@ -319,6 +334,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
             kt::wgmma::commit();
         }
+        load_statistics(b, next_h, next_i);  // while dV/dK run
         kt::wgmma::wait<0>();  // dV/dK_j (and dQ_j) done: p_t, dS^T and the stage are free
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
@@ -337,6 +353,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wait(sh.kv_full[kvs], (local / KVB) % 2);  // also publishes the producer's task_index
         const int index = sh.task_index[local % (KVB + 1)];
         if (index < 0) break;
+        if constexpr (KV_IN_REGISTERS<D>) {
+            kt::load(k_reg, kt::subtile<16, D>(sh.k[kvs], consumer * 4 + warp, 0));
+            kt::load(v_reg, kt::subtile<16, D>(sh.v[kvs], consumer * 4 + warp, 0));
+        }
         const Task t = task_at<CAUSAL>(index, g);
         kt::zero(dk);
         kt::zero(dv);
@@ -345,14 +365,17 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         const int last_key_seen_from = t.kv_block * BLOCK_N + BLOCK_N - 1 - g.causal_offset;
         int i = t.first_q_block, h = t.h_kv * g.group_size;  // the step's query block and head
         const int end = ring + t.steps;
-        if (STATISTICS_AHEAD && ring < end) load_statistics(t.b, h, i);
+        // Each step loads the next one's shift (no branch around the loads: a task with no steps
+        // loads its last query block's, the last step its own again).
+        load_statistics(t.b, h, min(i, q_blocks - 1));
         for (int n = ring; n < end; n++) {
-            if (CAUSAL && i * BLOCK_M < last_key_seen_from)
-                step_body.template operator()<true>(t.b, h, i, t.kv_block, kvs, n);
-            else
-                step_body.template operator()<false>(t.b, h, i, t.kv_block, kvs, n);
-            if (++i == q_blocks) i = t.first_q_block, h++;
-            if (STATISTICS_AHEAD && n + 1 < end) load_statistics(t.b, h, i);  // the next step's
+            int next_i = i + 1, next_h = h;
+            if (next_i == q_blocks) next_i = t.first_q_block, next_h++;
+            const bool last = n + 1 == end;
+            const int load_h = last ? h : next_h, load_i = last ? i : next_i;
+            const bool masked = i * BLOCK_M < last_key_seen_from;
+            step_body(t.b, h, i, t.kv_block, kvs, n, masked, load_h, load_i);
+            i = next_i, h = next_h;
         }
         ring = end;
         __syncwarp();
@@ -417,8 +440,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
         heads_per_group = heads_sharing_l2(streamed, p.l2_bytes, int64_t(p.batch) * p.heads_kv);
     }
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
-              kt::gl<float>(const_cast<float*>(p.lse2), p.batch, p.heads_q, 1, p.len_q_padded),
-              kt::gl<float>(const_cast<float*>(p.delta), p.batch, p.heads_q, 1, p.len_q_padded),
+              kt::gl<float>(const_cast<float*>(p.score_shift), p.batch, p.heads_q, 1, p.len_q_padded),
+              kt::gl<float>(const_cast<float*>(p.neg_delta), p.batch, p.heads_q, 1, p.len_q_padded),
               p.task_counter, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q, p.len_kv,
               CAUSAL ? p.causal_offset : 0, heads_per_group, p.scale, p.scale * LOG2E};
 

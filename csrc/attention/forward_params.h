@@ -52,8 +52,10 @@ struct BackwardParams {
     float* dq_accum;     // (B, Hq, Lq, D) fp32 contiguous, zeroed by backward_statistics: receives dS K (unscaled)
     void* dk;            // (B, Hkv, Lk, D) contiguous, input dtype
     void* dv;            // (B, Hkv, Lk, D) contiguous, input dtype
-    const float* lse2;   // (B, Hq, len_q_padded) fp32: lse * log2(e); +inf past Lq
-    const float* delta;  // (B, Hq, len_q_padded) fp32: rowsum(dO * O); 0 past Lq
+    // Per-row statistics, (B, Hq, len_q_padded) fp32, in the form the kernel's products start
+    // from: S = Q K^T + score_shift gives P = exp2(S * scale * log2(e)), dP + neg_delta = dP - delta.
+    const float* score_shift;  // -lse / scale; -inf past Lq and where lse is -inf (P = 0)
+    const float* neg_delta;    // -rowsum(dO * O); 0 past Lq
     int len_q_padded;    // Lq rounded up to a multiple of 64
     int* task_counter;   // causal only: one int32, zeroed by backward_statistics (the task queue)
 
@@ -80,10 +82,10 @@ struct OutputView {
     const float* lse;  // (B, Hq, Lq) contiguous
 };
 
-// Fills BackwardParams' lse2 and delta (B, Hq, len_q_padded) from dout, out and lse, and zeroes
-// its dq_accum and task_counter (backward_rows.cu; any GPU).
-cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, float* lse2, float* delta,
-                                cudaStream_t stream);
+// Fills BackwardParams' score_shift and neg_delta (B, Hq, len_q_padded) from dout, out and lse,
+// and zeroes its dq_accum and task_counter (backward_rows.cu; any GPU).
+cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, float* score_shift,
+                                float* neg_delta, cudaStream_t stream);
 
 // dq = dq_accum * scale in the input dtype, (B, Hq, Lq, D) contiguous (backward_rows.cu).
 cudaError_t backward_finish_dq(const BackwardParams& params, void* dq, cudaStream_t stream);
