@@ -34,6 +34,8 @@
 // (P = 0); rows past Lq have zero dO.
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
@@ -90,10 +92,10 @@ template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map;
     kt::gl<float> score_shift, neg_delta;  // (B, Hq, 1, len_q_padded)
-    int* task_counter;          // causal: zeroed before the launch
+    int* task_counter;                     // causal: zeroed before the launch
     int batch, heads_q, heads_kv, group_size, len_q, len_kv;
-    int causal_offset;          // key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;        // causal task order: heads whose Q/dO are read together (fit in L2)
+    int causal_offset;    // key j visible to query i iff j <= i + causal_offset
+    int heads_per_group;  // causal task order: heads whose Q/dO are read together (fit in L2)
     float scale, scale_log2;
 };
 
@@ -250,12 +252,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             }
         }
     };
-    auto load_statistics = [&](int b, int h, int i) { load_columns(shift, g.score_shift.ptr(b, h, 0, i * BLOCK_M)); };
+    auto load_shift = [&](int b, int h, int i) { load_columns(shift, g.score_shift.ptr(b, h, 0, i * BLOCK_M)); };
     auto load_neg_delta = [&](int b, int h, int i) { load_columns(neg_delta, g.neg_delta.ptr(b, h, 0, i * BLOCK_M)); };
-    static_assert(column_values::slots == 4, "load_statistics: a lane holds two pairs per 16 columns");
+    static_assert(column_values::slots == 4, "load_columns: a lane holds two pairs per 16 columns");
     // Query block i of query head h (of batch b) against key block kv_block; n: the block's
     // running step count (the ring position; its parity picks the dS^T buffer and the owner).
-    // The statistics of query block next_i of head next_h (the task's next step) load during it.
+    // The shift of query block next_i of head next_h (the task's next step) loads during it.
     auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, int next_h, int next_i) {
         const int s = n % STAGES, parity = n % 2;
         const bool owner = parity == consumer;
@@ -334,7 +336,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
             kt::wgmma::commit();
         }
-        load_statistics(b, next_h, next_i);  // while dV/dK run
+        load_shift(b, next_h, next_i);  // while dV/dK run
         kt::wgmma::wait<0>();  // dV/dK_j (and dQ_j) done: p_t, dS^T and the stage are free
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
@@ -367,7 +369,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         const int end = ring + t.steps;
         // Each step loads the next one's shift (no branch around the loads: a task with no steps
         // loads its last query block's, the last step its own again).
-        load_statistics(t.b, h, min(i, q_blocks - 1));
+        load_shift(t.b, h, min(i, q_blocks - 1));
         for (int n = ring; n < end; n++) {
             int next_i = i + 1, next_h = h;
             if (next_i == q_blocks) next_i = t.first_q_block, next_h++;
