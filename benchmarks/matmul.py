@@ -15,7 +15,7 @@ import torch
 
 import thunderkittens as tk
 
-from .timing import median_ms
+from .timing import interleaved_median_ms
 
 OURS = "tk"
 REFERENCE = "cublas"
@@ -77,13 +77,17 @@ def _inputs(cfg: Config, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
     return a, b
 
 
-def _measure(fn: Callable[[], torch.Tensor], cfg: Config, quick: bool) -> dict:
-    try:
-        ms = median_ms(fn, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
-    except Exception as error:  # reported, not fatal (e.g. FallbackError from strict mode)
-        torch.cuda.synchronize()
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
-    return {"ms": ms, "tflops": cfg.flops / (ms * 1e-3) / 1e12}
+def _measure_all(fns: dict[str, Callable[[], torch.Tensor]], cfg: Config, quick: bool) -> dict:
+    """tk and cuBLAS timed in alternating rounds (a tk fallback, which strict mode turns into an
+    error, is reported, not fatal)."""
+    times = interleaved_median_ms(fns, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
+    results = {}
+    for name, ms in times.items():
+        if isinstance(ms, Exception):
+            results[name] = {"error": f"{type(ms).__name__}: {str(ms).splitlines()[0][:200]}"}
+        else:
+            results[name] = {"ms": ms, "tflops": cfg.flops / (ms * 1e-3) / 1e12}
+    return results
 
 
 def _relative_difference(fns: dict[str, Callable[[], torch.Tensor]]) -> float | None:
@@ -107,7 +111,7 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
         fns = {name: make(a, b) for name, make in IMPLEMENTATIONS.items()}
         with tk.strict():  # a tk fallback raises (shown as '-'), never times torch.matmul
             path = str(tk.explain_matmul(a, b))
-            results = {name: _measure(fn, cfg, quick) for name, fn in fns.items()}
+            results = _measure_all(fns, cfg, quick)
             difference = _relative_difference(fns)
         del a, b, fns
         torch.cuda.empty_cache()

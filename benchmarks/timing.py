@@ -3,12 +3,17 @@
 The reps are queued behind a short GPU sleep so the CPU enqueues them faster than the GPU runs
 them: each event pair then measures GPU execution only, not Python launch overhead (which is
 the same for any caller and would otherwise dominate the small configs).
+
+`interleaved_median_ms` compares several callables: it times them in alternating rounds (the
+order rotating each round) instead of one after the other, so that a drift of the GPU's clock
+(power and temperature: cuBLAS on one shape moved 675-777 TFLOP/s between runs) falls on all
+of them alike instead of on whichever ran last.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -16,9 +21,8 @@ SLEEP_CYCLES_PER_REP = 200_000   # ~100 us at ~2 GHz: more than one launch's CPU
 MAX_SLEEP_CYCLES = 100_000_000   # ~50 ms
 
 
-def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25.0, measure_ms: float = 200.0,
-              min_reps: int = 10, max_reps: int = 100) -> float:
-    """Median milliseconds of GPU time per call of ``fn`` (on the current stream)."""
+def _estimate_ms(fn: Callable[[], object]) -> float:
+    """Milliseconds per call from three timed calls after one untimed (which may compile)."""
     fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -27,11 +31,11 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25.0, measure_ms: 
         fn()
     end.record()
     torch.cuda.synchronize()
-    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    return max(start.elapsed_time(end) / 3, 1e-3)
 
-    for _ in range(max(1, int(warmup_ms / estimate))):
-        fn()
-    reps = max(min_reps, min(max_reps, int(measure_ms / estimate)))
+
+def _timed_reps(fn: Callable[[], object], reps: int) -> list[float]:
+    """Milliseconds of each of `reps` calls, queued behind a GPU sleep (see the module doc)."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
     torch.cuda.synchronize()
@@ -41,4 +45,46 @@ def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25.0, measure_ms: 
         fn()
         after.record()
     torch.cuda.synchronize()
-    return statistics.median(before.elapsed_time(after) for before, after in events)
+    return [before.elapsed_time(after) for before, after in events]
+
+
+def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25.0, measure_ms: float = 200.0,
+              min_reps: int = 10, max_reps: int = 100) -> float:
+    """Median milliseconds of GPU time per call of ``fn`` (on the current stream)."""
+    estimate = _estimate_ms(fn)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    reps = max(min_reps, min(max_reps, int(measure_ms / estimate)))
+    return statistics.median(_timed_reps(fn, reps))
+
+
+def interleaved_median_ms(fns: Mapping[str, Callable[[], object]], *, rounds: int = 4,
+                          warmup_ms: float = 25.0, measure_ms: float = 200.0, min_reps: int = 10,
+                          max_reps: int = 100) -> dict[str, float | Exception]:
+    """Median milliseconds per call of each callable, timed in `rounds` alternating rounds
+    (each callable gets about measure_ms / rounds per round, a short warm-up before each of its
+    turns, and its median is over the reps of all rounds). A callable that raises is reported
+    as that exception and left out of the rounds."""
+    results: dict[str, float | Exception] = {}
+    estimates: dict[str, float] = {}
+    for name, fn in fns.items():
+        try:
+            estimates[name] = _estimate_ms(fn)
+            for _ in range(max(1, int(warmup_ms / estimates[name]))):
+                fn()
+        except Exception as error:  # noqa: BLE001 - reported to the caller, not fatal
+            torch.cuda.synchronize()
+            results[name] = error
+    times: dict[str, list[float]] = {name: [] for name in estimates}
+    order = list(estimates)
+    for round_index in range(rounds):
+        shift = round_index % len(order) if order else 0
+        for name in order[shift:] + order[:shift]:
+            fn, estimate = fns[name], estimates[name]
+            for _ in range(max(1, int(warmup_ms / rounds / estimate))):
+                fn()
+            reps = max(-(-min_reps // rounds), min(max_reps // rounds, int(measure_ms / rounds / estimate)))
+            times[name] += _timed_reps(fn, reps)
+    for name in order:
+        results[name] = statistics.median(times[name])
+    return {name: results[name] for name in fns}

@@ -1,11 +1,14 @@
-"""Run one attention config a few times, for ncu or a quick look at one kernel.
+"""tk.attention against SDPA's cuDNN backend on a few configs, for ncu or a quick A/B.
 
-    ncu --clock-control none -k regex:backward_kernel -s 2 -c 1 --section WarpStateStats \
-        python3 scripts/profile_attention.py --len 1536 --dim 128 --backward
+    python3 scripts/profile_attention.py --config 16,16,1536,128 --config 16,16,768,64,1 [--backward]
+    ncu --clock-control none -k regex:backward_kernel -s 2 -c 1 --section WarpStateStats \\
+        python3 scripts/profile_attention.py --config 16,16,1536,128 --backward --reps 1
 
-Prints the median time and TFLOP/s of tk.attention (the kernel family forced, strict) next to
-SDPA's cuDNN backend on the same inputs; with --backward, forward + backward (3.5x the
-forward's flops, as the benchmarks count them).
+A config is batch,heads,len,head_dim[,causal]. Prints per config the median time and TFLOP/s
+of tk.attention (the kernel family forced, strict) and of SDPA's cuDNN backend on the same
+inputs, timed in alternating rounds (benchmarks/timing.py), and their ratio; with --backward,
+forward + backward (3.5x the forward's flops, as the benchmarks count them). --reps 1 runs each
+once, untimed (for ncu).
 """
 
 import argparse
@@ -20,38 +23,58 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # where `benchmarks` lives (as in time_attention_backward.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import thunderkittens as tk  # noqa: E402
-from benchmarks.timing import median_ms  # noqa: E402
+from benchmarks.timing import interleaved_median_ms  # noqa: E402
+
+
+def measure(batch, heads, length, dim, causal, args):
+    shape = (batch, heads, length, dim)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    if args.backward:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    flops = 4 * batch * heads * length * length * dim / (2 if causal else 1)
+    flops *= 3.5 if args.backward else 1
+
+    def call(attention):
+        with torch.enable_grad() if args.backward else torch.no_grad():
+            out = attention(q, k, v, is_causal=causal)
+            if args.backward:
+                out.backward(dout)
+
+    def ours():
+        with tk.use_kernel(args.kernel), tk.strict():
+            call(tk.attention)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            call(F.scaled_dot_product_attention)
+
+    name = f"b{batch} h{heads} n{length} d{dim} {'causal' if causal else 'full'}"
+    if args.reps == 1:
+        ours(), cudnn()
+        torch.cuda.synchronize()
+        print(f"{name}: ran once")
+        return
+    times = interleaved_median_ms({"tk": ours, "cudnn": cudnn})
+    for impl, ms in times.items():
+        if isinstance(ms, Exception):
+            raise ms
+    tk_ms, cudnn_ms = times["tk"], times["cudnn"]
+    print(f"{name}{' fwd+bwd' if args.backward else ' fwd'}: tk {tk_ms * 1e3:8.1f} us "
+          f"({flops / tk_ms / 1e9:4.0f} TFLOP/s)  cudnn {cudnn_ms * 1e3:8.1f} us "
+          f"({flops / cudnn_ms / 1e9:4.0f} TFLOP/s)  tk/cudnn {cudnn_ms / tk_ms:.3f}", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--len", type=int, default=1536)
-    parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--config", action="append", required=True,
+                        help="batch,heads,len,head_dim[,causal]")
     parser.add_argument("--kernel", default="sm90", choices=("sm80", "sm90"))
     parser.add_argument("--backward", action="store_true", help="time forward + backward")
+    parser.add_argument("--reps", type=int, default=0, help="1: run each once, untimed (ncu)")
     args = parser.parse_args()
-    shape = (args.batch, args.heads, args.len, args.dim)
-    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    if args.backward:
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-    flops = 4 * args.batch * args.heads * args.len * args.len * args.dim / (2 if args.causal else 1)
-    flops *= 3.5 if args.backward else 1
-
-    def call(attention):
-        out = attention(q, k, v, is_causal=args.causal)
-        if args.backward:
-            out.backward(dout)
-
-    with tk.use_kernel(args.kernel), tk.strict():
-        ours = median_ms(lambda: call(tk.attention))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        cudnn = median_ms(lambda: call(F.scaled_dot_product_attention))
-    print(f"{shape} causal={args.causal} backward={args.backward}: tk {ours:.3f} ms "
-          f"({flops / ours / 1e9:.0f} TFLOP/s), cudnn {cudnn:.3f} ms ({flops / cudnn / 1e9:.0f} TFLOP/s), "
-          f"tk/cudnn {cudnn / ours:.2f}")
+    for text in args.config:
+        fields = [int(x) for x in text.split(",")]
+        measure(*fields[:4], bool(fields[4]) if len(fields) > 4 else False, args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@
 //   O = O * alpha + P_j V_j       wgmma, A = P from registers, B = V from shared memory
 // in the order S_j, then P_{j-1} V_{j-1} (both issued back to back), then the softmax of
 // S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; the consumer warpgroups take
-// turns issuing, so the tensor cores interleave one's products with another's softmax.
+// turns issuing, so the tensor cores interleave one's products with another's softmax. The
+// same holds across tasks: a task's last P V goes out with the next task's first S, and its
+// epilogue follows the next task's first softmax.
 // K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
 // unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
 // padding: TMA zero-fills rows past the sequence end, their scores are masked, and the O
@@ -48,6 +50,12 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
+
+// Whether a task's last P V overlaps the next task's first scores and softmax (see the consumer
+// loop). Measured (session 6, tk/cuDNN forward, same process): d128 non-causal +2-4% at
+// n >= 1536 (-1% at n768); causal d128 (-2..-6%) and d64 (-2..-9%, the 160-register
+// consumers spill at the task boundary) lose, so they keep one task at a time.
+template <int D, bool CAUSAL> constexpr bool OVERLAP_TASKS = D == 128 && !CAUSAL;
 
 template <typename T, int D>
 struct Shared {
@@ -201,118 +209,73 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         if (kt::lane_id() == 0) kt::arrive(empty);
     };
     if (consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
+    kt::zero(o);  // defined values for the first task's stand-in P V (see tile 0 below)
+    kt::zero(p);
 
-    int ring = 0;
-    for (int local = 0;; local++) {
-        const int qs = local % 2;
-        kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
-        const int index = sh.task_index[qs];
-        if (index < 0) break;
-        const Task t = task_at<D, CAUSAL>(index, g);
-        const int row0 = t.q_block * BLOCK_M + consumer * 64 + warp * 16;  // first query row of this warp
-        const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
-        kt::zero(o);
-        kt::neg_infty(row_max);
-        kt::zero(row_sum);
-
-        auto issue_scores = [&](int j) {
-            const int n = ring + j;
-            kt::wait(sh.k_full[n % ST], (n / ST) % 2);
-            kt::wgmma::fence();
-            kt::wgmma::mma_ABt(s, q, sh.k[n % ST], false);
-            kt::wgmma::commit();
-        };
-        auto issue_pv = [&](int j) {  // O += P_j V_j
-            const int n = ring + j;
-            kt::wait(sh.v_full[n % ST], (n / ST) % 2);
-            kt::wgmma::fence();
-            kt::wgmma::mma_AB(o, p, sh.v[n % ST], true);
-            kt::wgmma::commit();
-        };
-        // S_j is done: K_j, and after the task's last tile Q, are no longer read.
-        auto scores_done = [&](int j) {
-            release(sh.k_empty[(ring + j) % ST]);
-            if (j == t.tiles - 1) release(sh.q_empty[qs]);
-        };
-        // Online softmax of tile j's scores, in place (S becomes P in fp32); returns through
-        // `rescale` the factor O and l must be multiplied by.
-        auto softmax = [&]<bool MASKED>(int j, row_values& rescale) {
-            if constexpr (MASKED) {
-                // Key key0 + c is visible to row row0 + r iff key0 + c < Lk and (causal)
-                // key0 + c <= row0 + r + offset; relative to the tile's first key:
-                const int keys_left = g.len_kv - j * BLOCK_N;
-                const int diagonal = row0 + (CAUSAL ? g.causal_offset : 0) - j * BLOCK_N;
-                kt::mask(s, [&](int r, int c) {
-                    return c < keys_left && (!CAUSAL || c <= diagonal + r);
-                }, kt::neg_infinity());
-            }
-            row_values new_max, shift;
-            kt::row_max(new_max, s, row_max);
-            kt::for_each_slot(rescale, [&](int tt, int i, float& alpha) {
-                const float m_new = new_max.data[tt][i];
-                const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
-                shift.data[tt][i] = empty ? 0.f : m_new * g.scale_log2;
-                alpha = empty ? 1.f : exp2f((row_max.data[tt][i] - m_new) * g.scale_log2);
-            });
-            kt::mul(s, s, g.scale_log2);
-            kt::sub_row(s, s, shift);
-            kt::exp2(s, s);
-            kt::copy(row_max, new_max);
-            kt::mul(row_sum, row_sum, rescale);
-            kt::row_sum_lane_partial(row_sum, s, row_sum);
-        };
-        // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
-        // back; the softmax of S_j runs while the second one does.
-        auto step = [&]<bool MASKED>(int j) {
-            my_turn();
-            issue_scores(j);
-            issue_pv(j - 1);
-            pass_turn();
-            kt::wgmma::wait<1>();  // S_j is done
-            kt::wgmma::fence_operand(s);
-            scores_done(j);
-            row_values rescale;
-            softmax.template operator()<MASKED>(j, rescale);
-            kt::wgmma::wait<0>();  // P_{j-1} V_{j-1} is done: O, P and V_{j-1} are free
-            kt::wgmma::fence_operand(o);
-            kt::wgmma::fence_operand(p);
-            release(sh.v_empty[(ring + j - 1) % ST]);
-            kt::mul_row(o, o, rescale);
-            kt::copy(p, s);
-        };
-
-        if (t.tiles > 0) {
-            my_turn();
-            issue_scores(0);
-            pass_turn();
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(s);
-            scores_done(0);
-            row_values rescale;  // O is still zero: nothing to rescale
-            if (t.unmasked > 0) softmax.template operator()<false>(0, rescale);
-            else softmax.template operator()<true>(0, rescale);
-            kt::copy(p, s);
-            int j = 1;
-            for (; j < t.unmasked; j++) step.template operator()<false>(j);
-            for (; j < t.tiles; j++) step.template operator()<true>(j);
-            my_turn();
-            issue_pv(t.tiles - 1);
-            pass_turn();
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(o);
-            release(sh.v_empty[(ring + t.tiles - 1) % ST]);
-        } else {
-            release(sh.q_empty[qs]);
+    // Ring position n of a K/V tile (counting on across tasks) -> its stage and phase.
+    auto issue_scores = [&](const auto& q, int n) {  // S = Q K_n^T
+        kt::wait(sh.k_full[n % ST], (n / ST) % 2);
+        kt::wgmma::fence();
+        kt::wgmma::mma_ABt(s, q, sh.k[n % ST], false);
+        kt::wgmma::commit();
+    };
+    auto issue_pv = [&](int n) {  // O += P V_n
+        kt::wait(sh.v_full[n % ST], (n / ST) % 2);
+        kt::wgmma::fence();
+        kt::wgmma::mma_AB(o, p, sh.v[n % ST], true);
+        kt::wgmma::commit();
+    };
+    auto pv_done = [&](int n) {  // the last P V issued is done: O, P and V_n are free
+        kt::wgmma::wait<0>();
+        kt::wgmma::fence_operand(o);
+        kt::wgmma::fence_operand(p);
+        release(sh.v_empty[n % ST]);
+    };
+    auto first_row = [&](const Task& t) { return t.q_block * BLOCK_M + consumer * 64 + warp * 16; };
+    // Online softmax of the scores of a tile whose first key is key0, in place (S becomes P in
+    // fp32); returns through `rescale` the factor O and l must be multiplied by.
+    auto softmax = [&]<bool MASKED>(int row0, int key0, row_values& rescale) {
+        if constexpr (MASKED) {
+            // Key key0 + c is visible to row row0 + r iff key0 + c < Lk and (causal)
+            // key0 + c <= row0 + r + offset; relative to the tile's first key:
+            const int keys_left = g.len_kv - key0;
+            const int diagonal = row0 + (CAUSAL ? g.causal_offset : 0) - key0;
+            kt::mask(s, [&](int r, int c) {
+                return c < keys_left && (!CAUSAL || c <= diagonal + r);
+            }, kt::neg_infinity());
         }
-        ring += t.tiles;
-
-        // Epilogue: O / l into this warpgroup's staging tile, one TMA store (clipped at Lq);
-        // the previous task's store must have finished reading the tile first. A row that saw
-        // no key (also every row of a task with no tiles) has O = 0 and l = 0: divide by 1, so
-        // it stores 0, not 0/0.
+        row_values new_max, shift;
+        kt::row_max(new_max, s, row_max);
+        kt::for_each_slot(rescale, [&](int tt, int i, float& alpha) {
+            const float m_new = new_max.data[tt][i];
+            const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
+            shift.data[tt][i] = empty ? 0.f : m_new * g.scale_log2;
+            alpha = empty ? 1.f : exp2f((row_max.data[tt][i] - m_new) * g.scale_log2);
+        });
+        kt::mul(s, s, g.scale_log2);
+        kt::sub_row(s, s, shift);
+        kt::exp2(s, s);
+        kt::copy(row_max, new_max);
+        kt::mul(row_sum, row_sum, rescale);
+        kt::row_sum_lane_partial(row_sum, s, row_sum);
+    };
+    // A task's rows once all its scores are in (its last P V may still run): their lse goes out,
+    // and `divisor` gets the row sums combined across lanes, 1 where a row saw no key (its O is
+    // 0: O / 1 stores 0, not 0/0).
+    row_values divisor;
+    auto close_rows = [&](const Task& t) {
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+        row_values lse;
+        log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
+        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
+        kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
         guard_empty_rows(row_sum);
-        kt::div_row(o, o, row_sum);
+        kt::copy(divisor, row_sum);
+    };
+    // A task's O (complete) / divisor into this warpgroup's staging tile, one TMA store (clipped
+    // at Lq); the previous task's store must have finished reading the tile first.
+    auto store_output = [&](const Task& t) {
+        kt::div_row(o, o, divisor);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
         if (issuer) kt::tma::store_wait_read<0>();
@@ -324,10 +287,118 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
             kt::tma::store_async(&g.o_map, sh.o[consumer], kt::coord{t.b, t.h, t.q_block * CONSUMERS + consumer, 0});
             kt::tma::store_commit();
         }
-        row_values lse;
-        log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
-        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
-        kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, row0 / 16});
+    };
+    auto start_rows = [&] {
+        kt::neg_infty(row_max);
+        kt::zero(row_sum);
+    };
+
+    // Tasks in the producer's order. With OVERLAP_TASKS, a task's last P V is issued together
+    // with the next task's first scores, and the next task's first softmax runs while it does
+    // (instead of each task starting with its scores alone and ending with its last P V alone);
+    // the finished task's epilogue follows. `finishing`: the task whose last P V (ring position
+    // last_v) is not yet issued.
+    int ring = 0, last_v = 0;
+    bool pending = false;
+    Task finishing{};
+    for (int local = 0;; local++) {
+        const int qs = local % 2;
+        kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
+        const int index = sh.task_index[qs];
+        const Task t = index < 0 ? Task{} : task_at<D, CAUSAL>(index, g);  // no more tasks: no tiles
+        if (t.tiles == 0 && pending) {  // the pending task's last P V, with nothing to overlap
+            my_turn();
+            issue_pv(last_v);
+            pass_turn();
+            close_rows(finishing);
+            pv_done(last_v);
+            store_output(finishing);
+            pending = false;
+        }
+        if (index < 0) break;
+        if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
+            release(sh.q_empty[qs]);
+            kt::zero(o);
+            start_rows();
+            close_rows(t);
+            store_output(t);
+            continue;
+        }
+        const int row0 = first_row(t);
+        const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
+
+        // Tile 0. With OVERLAP_TASKS, the pending task's last P V goes with S_0; with no task
+        // pending (a block's first) the same product runs on the K tile just loaded, into an O
+        // that is zeroed afterwards: one code path for both (a wgmma issued in only one
+        // branch makes ptxas serialize every wgmma, C7518, and a second copy of the step costs
+        // instruction cache). K_0 is released once S_0 is done, or without a pending task once
+        // that product is.
+        constexpr bool OVERLAP = OVERLAP_TASKS<D, CAUSAL>;
+        my_turn();
+        issue_scores(q, ring);
+        if constexpr (OVERLAP) {
+            if (pending) kt::wait(sh.v_full[last_v % ST], (last_v / ST) % 2);
+            kt::wgmma::fence();
+            kt::wgmma::mma_AB(o, p, pending ? sh.v[last_v % ST] : sh.k[ring % ST], true);
+            kt::wgmma::commit();
+        }
+        pass_turn();
+        kt::wgmma::wait<OVERLAP ? 1 : 0>();  // S_0 is done
+        kt::wgmma::fence_operand(s);
+        if (pending || !OVERLAP) release(sh.k_empty[ring % ST]);
+        if (pending) close_rows(finishing);
+        start_rows();
+        row_values rescale;  // O starts at zero: nothing to rescale
+        if (OVERLAP || t.unmasked == 0) softmax.template operator()<true>(row0, 0, rescale);
+        else softmax.template operator()<false>(row0, 0, rescale);
+        if constexpr (OVERLAP) {
+            kt::wgmma::wait<0>();  // the P V is done: O and P are free
+            kt::wgmma::fence_operand(o);
+            kt::wgmma::fence_operand(p);
+            if (!pending) release(sh.k_empty[ring % ST]);
+            if (pending) {
+                release(sh.v_empty[last_v % ST]);
+                store_output(finishing);
+            }
+        }
+        if (t.tiles == 1) release(sh.q_empty[qs]);
+        kt::zero(o);
+        kt::copy(p, s);
+
+        // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
+        // back; the softmax of S_j runs while the second one does. S_j done releases K_j, and
+        // after the task's last tile Q.
+        auto step = [&]<bool MASKED>(int j) {
+            my_turn();
+            issue_scores(q, ring + j);
+            issue_pv(ring + j - 1);
+            pass_turn();
+            kt::wgmma::wait<1>();  // S_j is done
+            kt::wgmma::fence_operand(s);
+            release(sh.k_empty[(ring + j) % ST]);
+            if (j == t.tiles - 1) release(sh.q_empty[qs]);
+            row_values rescale;
+            softmax.template operator()<MASKED>(row0, j * BLOCK_N, rescale);
+            pv_done(ring + j - 1);
+            kt::mul_row(o, o, rescale);
+            kt::copy(p, s);
+        };
+        int j = 1;
+        for (; j < t.unmasked; j++) step.template operator()<false>(j);
+        for (; j < t.tiles; j++) step.template operator()<true>(j);
+        ring += t.tiles;
+        if constexpr (OVERLAP) {
+            last_v = ring - 1;
+            finishing = t;
+            pending = true;
+        } else {  // the last P V alone, then the epilogue
+            my_turn();
+            issue_pv(ring - 1);
+            pass_turn();
+            close_rows(t);
+            pv_done(ring - 1);
+            store_output(t);
+        }
     }
     if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
