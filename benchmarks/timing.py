@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-SLEEP_CYCLES_PER_REP = 200_000   # ~100 us at ~2 GHz: more than one launch's CPU cost
-MAX_SLEEP_CYCLES = 100_000_000   # ~50 ms
+# More than one call's CPU cost (a forward + backward through autograd measured up to ~0.8 ms
+# per call when it was not covered, session 6), so the GPU never waits for the CPU.
+SLEEP_CYCLES_PER_REP = 2_000_000  # ~1 ms at ~2 GHz
+MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 
 
 def _estimate_ms(fn: Callable[[], object]) -> float:
