@@ -167,7 +167,7 @@ def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
 
 def _timed_callable(impl: Impl, pass_name: str, inputs, cfg: Config) -> Callable[[], object]:
     """One call of the pass with the implementation's context (backend choice, forcing, strict)
-    entered around it, so that implementations can be timed in alternation."""
+    entered around it, so that the callable stands alone (as the timing helpers expect)."""
     context, call = impl
     # The forward alone is timed without autograd (inference); fwdbwd needs it.
     autograd = torch.no_grad if pass_name == "fwd" else contextlib.nullcontext

@@ -4,10 +4,11 @@ The reps are queued behind a short GPU sleep so the CPU enqueues them faster tha
 them: each event pair then measures GPU execution only, not Python launch overhead (which is
 the same for any caller and would otherwise dominate the small configs).
 
-`interleaved_median_ms` compares several callables: it times them in alternating rounds (the
-order rotating each round) instead of one after the other, so that a drift of the GPU's clock
-(power and temperature: cuBLAS on one shape moved 675-777 TFLOP/s between runs) falls on all
-of them alike instead of on whichever ran last.
+`interleaved_median_ms` compares two callables (ours and one peer): it times them in
+alternating rounds instead of one after the other, so that a drift of the GPU's clock (power
+and temperature: cuBLAS on one shape moved 675-777 TFLOP/s between runs) falls on both alike.
+With more callables a rotating order still puts each one after the same neighbour every
+round, which biased one column by up to 9% (attention.py times its six one after the other).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-# More than one call's CPU cost (a forward + backward through autograd measured up to ~0.8 ms
-# per call when it was not covered, session 6), so the GPU never waits for the CPU.
+# More than one call's CPU cost, so the GPU never waits for the CPU: tk's n768 d64 causal
+# forward + backward timed 0.77 ms per call behind 100 us per rep, 0.33 ms behind 1 ms (session 6).
 SLEEP_CYCLES_PER_REP = 2_000_000  # ~1 ms at ~2 GHz
 MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 
