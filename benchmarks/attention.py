@@ -165,46 +165,19 @@ def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
     raise ValueError(f"unknown pass {pass_name!r}")
 
 
-def _timed_callable(impl: Impl, pass_name: str, inputs, cfg: Config) -> Callable[[], object]:
-    """One call of the pass with the implementation's context (backend choice, forcing, strict)
-    entered around it, so that the callable stands alone (as the timing helpers expect)."""
+def _measure(impl: Impl, pass_name: str, inputs, cfg: Config, quick: bool) -> dict:
     context, call = impl
     # The forward alone is timed without autograd (inference); fwdbwd needs it.
-    autograd = torch.no_grad if pass_name == "fwd" else contextlib.nullcontext
-    with context(), autograd():
-        fn = _pass_callable(pass_name, call, *inputs, cfg)
-
-    def timed():
-        with context(), autograd():
-            fn()
-
-    return timed
-
-
-def _error(error: Exception) -> dict:
-    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
-
-
-def _measure_all(impls: dict[str, Impl], pass_name: str, bhld, cfg: Config, quick: bool) -> dict:
-    """Every implementation on one config and pass, one after the other (a peer that cannot
-    run the config is reported, not fatal). Not in alternating rounds as matmul is: with six
-    implementations in a fixed cyclic order each one always follows the same neighbour, and
-    the one after the slow memory-efficient kernel measured up to 9% faster than the same
-    cuDNN kernel elsewhere in the round (session 6)."""
-    results = {}
-    blhd = None
-    for name, impl in impls.items():
-        if name == "flash_attn":
-            blhd = blhd or tuple(t.transpose(1, 2).contiguous() for t in bhld)
-        try:
-            fn = _timed_callable(impl, pass_name, blhd if name == "flash_attn" else bhld, cfg)
+    autograd = torch.no_grad() if pass_name == "fwd" else contextlib.nullcontext()
+    try:
+        with context(), autograd:
+            fn = _pass_callable(pass_name, call, *inputs, cfg)
             ms = median_ms(fn, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
-        except Exception as error:  # noqa: BLE001
-            torch.cuda.synchronize()
-            results[name] = _error(error)
-            continue
-        results[name] = {"ms": ms, "tflops": cfg.forward_flops * PASSES[pass_name] / (ms * 1e-3) / 1e12}
-    return results
+    except Exception as error:  # a peer that cannot run this config: reported, not fatal
+        torch.cuda.synchronize()
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+    tflops = cfg.forward_flops * PASSES[pass_name] / (ms * 1e-3) / 1e12
+    return {"ms": ms, "tflops": tflops}
 
 
 def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bfloat16,
@@ -217,8 +190,16 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
         for cfg in configs:
             torch.manual_seed(0)
             bhld = _inputs(cfg, dtype, layout_blhd=False)
-            results = _measure_all(impls, pass_name, bhld, cfg, quick)
-            del bhld
+            blhd = None
+            results = {}
+            for name, impl in impls.items():
+                if name == "flash_attn":
+                    blhd = blhd or tuple(t.transpose(1, 2).contiguous() for t in bhld)
+                    inputs = blhd
+                else:
+                    inputs = bhld
+                results[name] = _measure(impl, pass_name, inputs, cfg, quick)
+            del bhld, blhd
             records.append(_record(pass_name, cfg, dtype, results))
             log(_progress_line(records[-1]))
     return records, list(impls)
