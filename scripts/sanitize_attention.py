@@ -15,7 +15,6 @@ still fails. Exits non-zero on any mismatch.
 import itertools
 import math
 import sys
-
 import warnings
 
 import torch
