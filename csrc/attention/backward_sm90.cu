@@ -20,12 +20,13 @@
 //                                                     A operand: with two, ptxas serializes
 //                                                     the d128 wgmma for want of registers)
 //   dQ_i += dS K                                      over all 128 keys, by one warpgroup per
-//                                                     step (alternating), from dS^T in shared
-//                                                     memory; TMA reduce-add into an fp32
-//                                                     accumulator
-// The warpgroups wait for each other only over dS^T (see the step body), so one's
-// elementwise work mostly overlaps the other's products; within a warpgroup the products are
-// split into groups that overlap its own exponentials and dQ stores.
+//                                                     step (alternating; at d128 a step
+//                                                     later), from dS^T in shared memory; TMA
+//                                                     reduce-add into an fp32 accumulator
+// The warpgroups wait for each other only over dS^T (and at d128 take turns issuing products,
+// see the consumers), so one's elementwise work mostly overlaps the other's products; within
+// a warpgroup the products are split into groups that overlap its own exponentials and dQ
+// stores.
 // At the end of a task dK is scaled by `scale`, and dK and dV go out by TMA stores (rows past
 // Lk clipped) from the dQ staging tiles, while the next task's K/V load; the op layer scales
 // and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS only
@@ -55,9 +56,15 @@ constexpr int BLOCK_M = 64;              // query rows per step
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 template <int D> constexpr int KV_BUFFERS = D <= 64 ? 2 : 1;
 template <int D> constexpr bool KV_IN_REGISTERS = D <= 64;
-// Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): the step's dS^T is complete in
-// shared memory (4 + parity), and the step's dQ product has read it (6 + parity).
-constexpr int DS_READY = 4, DS_FREE = 6;
+// Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): step n's dS^T is complete in
+// shared memory (4 + n % 2), its dQ product has read it (6 + n % 2), and warpgroup c's turn to
+// issue products (8 + c).
+constexpr int DS_READY = 4, DS_FREE = 6, TURN = 8;
+// d128: a step's dQ is computed one step later, and the warpgroups take turns issuing their
+// products (see the consumers). Measured (session 7, backward kernel): d128 full 1-3% faster,
+// d128 causal level; d64 3-9% slower (its consumers have no registers to spare), so d64 computes
+// dQ in its own step, without turns.
+template <int D> constexpr bool DEFER_DQ = D == 128;
 // The launch gives every thread 168 registers (65536 / 384, rounded down to 8): the producer
 // warpgroup gives back exactly what the consumers take ((168 - 24) * 128 = (240 - 168) * 256),
 // or setmaxnreg.inc waits forever.
@@ -79,6 +86,8 @@ struct Shared {
     };
     kv_tile k[KV_BUFFERS<D>], v[KV_BUFFERS<D>];
     q_tile q[STAGES<D>], dout[STAGES<D>];
+    // A stage's per-row statistics, beside its Q and dO: [0] the shift, [1] neg_delta.
+    alignas(16) float statistics[STAGES<D>][2][BLOCK_M];
     ds_tile ds[2];                // by step parity; warpgroup c writes rows 64c..64c+63
     Staging staging[CONSUMERS];
     // The task of the block's task number local (-1: no more tasks), in slot local % (KVB + 1):
@@ -91,9 +100,9 @@ struct Shared {
 template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map;
-    kt::gl<float> score_shift, neg_delta;  // (B, Hq, 1, len_q_padded)
+    const float *score_shift, *neg_delta;  // (B, Hq, len_q_padded)
     int* task_counter;                     // causal: zeroed before the launch
-    int batch, heads_q, heads_kv, group_size, len_q, len_kv;
+    int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
     int heads_per_group;  // causal task order: heads whose Q/dO are read together (fit in L2)
     float scale, scale_log2;
@@ -168,10 +177,16 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 for (int step = from; step < to; step++) {
                     const int n = ring + step, s = n % STAGES;
                     if (n >= STAGES) kt::wait(sh.in_empty[s], (n / STAGES - 1) % 2);
-                    kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>());
+                    constexpr uint32_t row_bytes = BLOCK_M * sizeof(float);
+                    kt::expect_bytes(sh.in_full[s], 2 * kt::tma::tile_bytes<typename S::q_tile>() + 2 * row_bytes);
                     const kt::coord at{t.b, step_head(t, step), step_q_block(t, step), 0};
                     kt::tma::load_async(sh.q[s], &g.q_map, at, sh.in_full[s]);
                     kt::tma::load_async(sh.dout[s], &g.dout_map, at, sh.in_full[s]);
+                    // The block's row of each statistic (256-byte aligned: the rows are padded to
+                    // whole blocks).
+                    const size_t row = (size_t(at.b) * g.heads_q + at.h) * g.len_q_padded + at.r * BLOCK_M;
+                    kt::tma::load_bytes_async(sh.statistics[s][0], g.score_shift + row, row_bytes, sh.in_full[s]);
+                    kt::tma::load_bytes_async(sh.statistics[s][1], g.neg_delta + row, row_bytes, sh.in_full[s]);
                 }
             };
             for (int local = 0;; local++) {
@@ -213,61 +228,102 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     using kv_registers = std::conditional_t<KV_IN_REGISTERS<D>, kt::rt<T, 16, D>, NoTile>;
     kv_registers k_reg, v_reg;
 
-    // One step per query block. dQ_i = dS K needs the dS of all 128 keys, so one warpgroup per
-    // step (the parity of the block's running step count: the "owner") computes it over both
-    // halves of dS^T and issues one reduce-add; that halves the fp32 reduce traffic into L2
-    // against a partial dQ per warpgroup. The other warpgroup only signals: DS_READY when its
-    // half of dS^T is stored, and it waits on DS_FREE (the owner's dQ has read that buffer) two
-    // steps later, before overwriting it; the count runs on across tasks. Within a step the
-    // products are split into wgmma groups (completing in issue order) that overlap the
-    // warpgroup's own elementwise work:
-    //   issue S^T_j, commit; issue dP^T_j, commit
-    //   wait<1>: S^T_j done                 P^T_j = exp2(...) while dP^T_j runs
-    //   wait<0>: dP^T_j done                dS^T_j into shared memory
-    //   owner: issue dQ_j, commit           (after DS_READY)
-    //   issue dV_j, dK_j, commit
-    //   owner: wait<1>: dQ_j done           staged and reduce-added while dV_j, dK_j run
-    //   wait<0>: all done                   release the stage (owner: arrive at DS_FREE)
+    // One step per query block. dQ_i = dS K needs the dS of all 128 keys, so one warpgroup
+    // (the "collector" of step n: warpgroup n % 2, n the block's running step count) computes
+    // it over both halves of dS^T and issues one reduce-add; that halves the fp32 reduce
+    // traffic into L2 against a partial dQ per warpgroup. The other warpgroup arrives at
+    // DS_READY when its half of dS^T(n) is stored, and in step n + 2 waits on DS_FREE (dQ(n)
+    // has read that buffer) before overwriting it. With DEFER (d128) the collector computes
+    // dQ(n) in its step n + 1 (in a task's last step at once: the next task has other keys),
+    // so the warpgroups may run up to a step apart without waiting for each other; they then
+    // also issue their product groups in turns (0, 1, 0, 1, ...; warpgroup 0 takes its first
+    // without waiting), so that one's products run while the other does its elementwise
+    // work. Without DEFER (d64) the collector of step n waits for the other half in step n.
+    // Within a step the products are split into wgmma groups (completing in issue order) that
+    // overlap the warpgroup's own elementwise work:
+    //   issue S^T_n, commit; issue dP^T_n, commit
+    //   wait<1>: S^T_n done                 P^T_n = exp2(...) while dP^T_n runs
+    //   wait<0>: dP^T_n done                dS^T_n into shared memory
+    //   collector: issue dQ, commit         (of step n - 1 or n, see above)
+    //   issue dV_n, dK_n, commit
+    //   collector: wait<1>: dQ done         staged and reduce-added while dV_n, dK_n run
+    //   wait<0>: all done                   release the stage (collector: arrive at DS_FREE)
     // Nothing stays in flight across steps: with dV/dK still running into the next step, ptxas
     // serializes every wgmma (C7515, nvcc 13.0).
     constexpr int BOTH = CONSUMERS * 4 * kt::WARP_THREADS;
-    static_assert(CONSUMERS == 2, "backward: dQ ownership alternates between two warpgroups");
-    // The per-row statistics (one value per query column, a lane's columns here), from global
-    // memory (L2); loaded right before use they stalled the warps (ncu: 31% of stalls). The
-    // shift is loaded during the previous step's dV/dK products and becomes S^T's initial
-    // value when the step starts, so it holds registers only while S^T does not (held through
-    // the step, lse and delta made the d128 kernels spill); neg_delta loads while S^T and dP^T
-    // run. (Starting dP^T from neg_delta as well makes ptxas serialize the wgmma, C7520.)
-    // Unchecked float2 loads from one base address each: the arrays are padded to whole query
-    // blocks.
-    column_values shift, neg_delta;
-    auto load_columns = [&](column_values& v, const float* row) {
+    static_assert(CONSUMERS == 2, "backward: dQ collection alternates between two warpgroups");
+    constexpr bool DEFER = DEFER_DQ<D>, TAKE_TURNS = DEFER_DQ<D>;
+    bool first_turn = consumer == 0;
+    auto my_turn = [&] {
+        if (TAKE_TURNS && !first_turn) kt::warpgroup::sync_with<BOTH>(TURN + consumer);
+        first_turn = false;
+    };
+    auto pass_turn = [&] {
+        if (TAKE_TURNS) kt::warpgroup::arrive_at<BOTH>(TURN + 1 - consumer);
+    };
+    // The per-row statistics of the step's query block (one value per query column, a lane's
+    // columns here) arrive with its Q and dO in the stage. (Read from global memory, even a step
+    // ahead, their L2 latency stalled the warps: ncu put a third of all stall samples on long
+    // scoreboard waits.) The shift is S^T's initial value (wgmma accumulates onto it).
+    // (Starting dP^T from neg_delta as well makes ptxas serialize the wgmma, C7520.)
+    auto load_statistic = [&](column_values& v, int stage, int which) {
         const int lane_column = 2 * (kt::lane_id() % 4);  // column_values' layout: two pairs per 16
+        const uint32_t row = kt::shared_address(sh.statistics[stage][which]);
 #pragma unroll
         for (int t = 0; t < column_values::tiles; t++) {
 #pragma unroll
             for (int pair = 0; pair < 2; pair++) {
-                const float2 x = *reinterpret_cast<const float2*>(row + t * kt::TILE_DIM + 8 * pair + lane_column);
-                v.data[t][2 * pair] = x.x, v.data[t][2 * pair + 1] = x.y;
+                const uint32_t at = row + uint32_t(t * kt::TILE_DIM + 8 * pair + lane_column) * sizeof(float);
+                asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                             : "=f"(v.data[t][2 * pair]), "=f"(v.data[t][2 * pair + 1])
+                             : "r"(at));
             }
         }
     };
-    auto load_shift = [&](int b, int h, int i) { load_columns(shift, g.score_shift.ptr(b, h, 0, i * BLOCK_M)); };
-    auto load_neg_delta = [&](int b, int h, int i) { load_columns(neg_delta, g.neg_delta.ptr(b, h, 0, i * BLOCK_M)); };
-    static_assert(column_values::slots == 4, "load_columns: a lane holds two pairs per 16 columns");
+    static_assert(column_values::slots == 4, "load_statistic: a lane holds two pairs per 16 columns");
+    // dQ of the step m this warpgroup collects (query block i of head h of batch b) from the
+    // complete dS^T(m): wait for the other half, issue, stage the result once done and
+    // reduce-add it, free the dS^T buffer. `then` issues more products into the same wait
+    // window (the step's dV/dK) after the dQ's commit.
+    auto collect_dq = [&](int b, int h, int i, int m, int kvs, auto&& then) {
+        kt::warpgroup::sync_with<BOTH>(DS_READY + m % 2);  // the other half of dS^T(m) is stored
+        kt::rt_fl<16, D> dq;
+        kt::wgmma::fence();
+        kt::wgmma::mma_AtB(dq, sh.ds[m % 2], sh.k[kvs], false);
+        kt::wgmma::commit();
+        then();
+        kt::wgmma::wait<1>();  // dQ done (then's group may still run)
+        kt::wgmma::fence_operand(dq);
+        kt::warpgroup::arrive_at<BOTH>(DS_FREE + m % 2);
+        auto& staging = sh.staging[consumer].dq;
+        if (issuer) kt::tma::store_wait_read<0>();  // the last store has read the staging tile
+        kt::warpgroup::sync(1 + consumer);
+        kt::store(kt::subtile<16, D>(staging, warp, 0), dq);
+        kt::fence_async_proxy();
+        kt::warpgroup::sync(1 + consumer);
+        if (issuer) {
+            kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
+            kt::tma::store_commit();
+        }
+    };
     // Query block i of query head h (of batch b) against key block kv_block; n: the block's
-    // running step count (the ring position; its parity picks the dS^T buffer and the owner).
-    // The shift of query block next_i of head next_h (the task's next step) loads during it.
-    auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, int next_h, int next_i) {
+    // running step count (the ring position; its parity picks the dS^T buffer and the
+    // collector). collect: this warpgroup collects the dQ of step m (query block collect_i of
+    // head collect_h) here.
+    auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, bool collect, int m,
+                         int collect_h, int collect_i) {
         const int s = n % STAGES, parity = n % 2;
-        const bool owner = parity == consumer;
-        auto& k_all = sh.k[kvs];
-        const auto k_mine = kt::subtile<64, D>(k_all, consumer, 0);
+        const auto k_mine = kt::subtile<64, D>(sh.k[kvs], consumer, 0);
         const auto v_mine = kt::subtile<64, D>(sh.v[kvs], consumer, 0);
         const int my_key0 = kv_block * BLOCK_N + consumer * 64 + warp * 16;  // this warp's first key
         kt::wait(sh.in_full[s], (n / STAGES) % 2);
         score_tile s_t, dp_t;
-        kt::broadcast_col(s_t, shift);
+        {
+            column_values shift;
+            load_statistic(shift, s, 0);
+            kt::broadcast_col(s_t, shift);
+        }
+        my_turn();
         kt::wgmma::fence();
         if constexpr (KV_IN_REGISTERS<D>)
             kt::wgmma::mma_ABt(s_t, k_reg, sh.q[s], true);  // onto the statistics
@@ -279,8 +335,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         else
             kt::wgmma::mma_ABt(dp_t, v_mine, sh.dout[s], false);
         kt::wgmma::commit();
-        load_neg_delta(b, h, i);
-        kt::wgmma::wait<1>();  // S^T_j done
+        pass_turn();
+        kt::wgmma::wait<1>();  // S^T_n done
         kt::wgmma::fence_operand(s_t);
 
         kt::mul(s_t, s_t, g.scale_log2);
@@ -289,59 +345,52 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::mask(s_t, [&](int r, int c) { return my_key0 + r <= visible_to + c; }, kt::neg_infinity());
         }
         kt::exp2(s_t, s_t);  // P^T
-        kt::wgmma::wait<0>();  // dP^T_j done
+        kt::wgmma::wait<0>();  // dP^T_n done
         kt::wgmma::fence_operand(dp_t);
-        kt::add_col(dp_t, dp_t, neg_delta);
+        {
+            column_values neg_delta;
+            load_statistic(neg_delta, s, 1);
+            kt::add_col(dp_t, dp_t, neg_delta);
+        }
         kt::mul(dp_t, dp_t, s_t);  // dS^T
         kt::copy(p_t, s_t);
 
         // dS^T goes through shared memory, where dK += dS^T Q_i reads this warpgroup's rows as
-        // a K-major A and dQ_i += dS K all rows as a transposed A: only P^T stays a register
-        // operand, which keeps the products in flight within the registers.
+        // a K-major A and dQ += dS K all rows as a transposed A: only P^T stays a register
+        // operand, which keeps the products in flight within the registers. The collector of
+        // step n computed dQ(n - 2) from this buffer in its step n - 1 and waited for it; the
+        // other warpgroup waits until it has.
         auto& ds_smem = sh.ds[parity];
-        if (!owner && n >= 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + parity);
+        if (consumer != parity && n >= 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + parity);
         {
             kt::rt<T, 16, BLOCK_M> ds_t;
             kt::copy(ds_t, dp_t);
             kt::store(kt::subtile<16, BLOCK_M>(ds_smem, consumer * 4 + warp, 0), ds_t);
         }
         kt::fence_async_proxy();
+        if (consumer != parity) kt::warpgroup::arrive_at<BOTH>(DS_READY + parity);
+        kt::warpgroup::sync(1 + consumer);  // this warpgroup's rows stored before its dK reads them
         const auto ds_mine = kt::subtile<64, BLOCK_M>(ds_smem, consumer, 0);
-        if (owner) {
-            kt::warpgroup::sync_with<BOTH>(DS_READY + parity);  // both halves stored
-            kt::rt_fl<16, D> dq;
-            kt::wgmma::fence();
-            kt::wgmma::mma_AtB(dq, ds_smem, k_all, false);
-            kt::wgmma::commit();
-            kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
-            kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
-            kt::wgmma::commit();
-            kt::wgmma::wait<1>();  // dQ_i done
-            kt::wgmma::fence_operand(dq);
-            auto& staging = sh.staging[consumer].dq;
-            if (issuer) kt::tma::store_wait_read<0>();  // the last store has read the staging tile
-            kt::warpgroup::sync(1 + consumer);
-            kt::store(kt::subtile<16, D>(staging, warp, 0), dq);
-            kt::fence_async_proxy();
-            kt::warpgroup::sync(1 + consumer);
-            if (issuer) {
-                kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
-                kt::tma::store_commit();
-            }
-        } else {
-            kt::warpgroup::arrive_at<BOTH>(DS_READY + parity);
-            kt::warpgroup::sync(1 + consumer);  // this warpgroup's rows stored before its dK reads them
+        auto dv_dk = [&] {
             kt::wgmma::fence();
             kt::wgmma::mma_AB(dv, p_t, sh.dout[s], true);
             kt::wgmma::mma_AB(dk, ds_mine, sh.q[s], true);
             kt::wgmma::commit();
+        };
+        my_turn();
+        if (collect)
+            collect_dq(b, collect_h, collect_i, m, kvs, [&] {
+                dv_dk();
+                pass_turn();
+            });
+        else {
+            dv_dk();
+            pass_turn();
         }
-        load_shift(b, next_h, next_i);  // while dV/dK run
-        kt::wgmma::wait<0>();  // dV/dK_j (and dQ_j) done: p_t, dS^T and the stage are free
+        kt::wgmma::wait<0>();  // dV/dK_n done: p_t, dS^T and the stage are free
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
-        if (owner) kt::warpgroup::arrive_at<BOTH>(DS_FREE + parity);
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i and dO_i are read
     };
@@ -366,17 +415,21 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         // last key.
         const int last_key_seen_from = t.kv_block * BLOCK_N + BLOCK_N - 1 - g.causal_offset;
         int i = t.first_q_block, h = t.h_kv * g.group_size;  // the step's query block and head
+        int prev_i = i, prev_h = h;                          // the previous step's
         const int end = ring + t.steps;
-        // Each step loads the next one's shift (no branch around the loads: a task with no steps
-        // loads its last query block's, the last step its own again).
-        load_shift(t.b, h, min(i, q_blocks - 1));
         for (int n = ring; n < end; n++) {
             int next_i = i + 1, next_h = h;
             if (next_i == q_blocks) next_i = t.first_q_block, next_h++;
             const bool last = n + 1 == end;
-            const int load_h = last ? h : next_h, load_i = last ? i : next_i;
             const bool masked = i * BLOCK_M < last_key_seen_from;
-            step_body(t.b, h, i, t.kv_block, kvs, n, masked, load_h, load_i);
+            // Deferred: this warpgroup collects step n - 1's dQ, or in the task's last step its
+            // own; otherwise the collector of step n collects it in step n.
+            const bool mine = consumer == n % 2;
+            const bool collect = mine ? !DEFER || last : DEFER && n > ring;
+            const bool previous = DEFER && !mine;  // (constant false without DEFER)
+            step_body(t.b, h, i, t.kv_block, kvs, n, masked, collect, previous ? n - 1 : n, previous ? prev_h : h,
+                      previous ? prev_i : i);
+            prev_i = i, prev_h = h;
             i = next_i, h = next_h;
         }
         ring = end;
@@ -400,11 +453,13 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::tma::store_commit();
         }
     }
-    // The owners of the block's last two steps arrived at DS_FREE for steps that never came:
-    // the warpgroup that would have waited there takes those arrivals, so every barrier ends
-    // balanced.
+    // Every barrier ends balanced. The collectors of the block's last two steps arrived at
+    // DS_FREE for steps that never came: the warpgroup that would have waited there takes
+    // those arrivals. Warpgroup 1 passed the turn once more than warpgroup 0 took it (0 went
+    // first without it): warpgroup 0 takes that arrival.
     for (int n = max(ring - 2, 0); n < ring; n++)
         if (consumer != n % 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + n % 2);
+    if (TAKE_TURNS && consumer == 0 && ring > 0) kt::warpgroup::sync_with<BOTH>(TURN);
     if (issuer) kt::tma::store_wait<0>();  // reduce-adds and stores done before the block ends
 #endif
 }
@@ -442,9 +497,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
         heads_per_group = heads_sharing_l2(streamed, p.l2_bytes, int64_t(p.batch) * p.heads_kv);
     }
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
-              kt::gl<float>(const_cast<float*>(p.score_shift), p.batch, p.heads_q, 1, p.len_q_padded),
-              kt::gl<float>(const_cast<float*>(p.neg_delta), p.batch, p.heads_q, 1, p.len_q_padded),
-              p.task_counter, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q, p.len_kv,
+              p.score_shift, p.neg_delta, p.task_counter, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q,
+              p.len_kv, p.len_q_padded,
               CAUSAL ? p.causal_offset : 0, heads_per_group, p.scale, p.scale * LOG2E};
 
     constexpr int smem = kt::shared_bytes_for<Sh>();

@@ -91,6 +91,16 @@ __device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coor
     }
 }
 
+// dst[0, bytes) = src[0, bytes): a plain (1-D) bulk copy, no tensor map. Both addresses
+// 16-byte aligned, bytes a multiple of 16; completes on `sem` like load_async (count the bytes
+// in expect_bytes).
+__device__ __forceinline__ void load_bytes_async(void* dst, const void* src, uint32_t bytes, semaphore& sem) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     shared_address(dst)),
+                 "l"(src), "r"(bytes), "r"(shared_address(&sem))
+                 : "memory");
+}
+
 namespace detail {
 // One bulk tensor store per panel; ADD makes the copy engine add into global memory.
 template <bool ADD, typename ST>

@@ -16,6 +16,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr, boo
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+__device__ __forceinline__ void store_shared(uint32_t addr, float2 x) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x.x), "f"(x.y) : "memory");
+}
+template <typename P>
+    requires(sizeof(P) == 4)
+__device__ __forceinline__ void store_shared(uint32_t addr, P x) {  // a pair of 16-bit values
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&x)) : "memory");
+}
 }  // namespace detail
 
 // How the registers of a 16-bit tile will be consumed by mma. ldmatrix writes a
@@ -86,10 +94,12 @@ __device__ __forceinline__ void store(STRef&& dst, const RT& src) {
     using S = typename ST::dtype;
     using T = typename RT::dtype;
     if constexpr (std::same_as<typename RT::layout, row_l>) {
-        // Pairs run along rows: one 4- or 8-byte store each.
+        // Pairs run along rows: one 4- or 8-byte st.shared each, at a 32-bit shared address
+        // (through a generic pointer the compiler emits 64-bit ST.E with its own address
+        // arithmetic: half the instructions of a step that stores a tile were addressing).
         for_each_pair(src, [&](int i, int j, int k, const packed<T>& pair) {
             const int r = i * TILE_DIM + RT::row_in_base(k, 0), c = j * TILE_DIM + RT::col_in_base(k, 0);
-            *reinterpret_cast<packed<S>*>(dst.ptr(r, c)) = convert_pair<S, T>(pair);
+            detail::store_shared(dst.address(r, c), convert_pair<S, T>(pair));
         });
     } else {
         for_each_element(src, [&](int i, int j, int k, int h, const T& e) {
