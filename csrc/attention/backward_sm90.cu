@@ -391,8 +391,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
+        // The statistics were read through the generic proxy and the producer's next bulk copy
+        // into this stage writes through the async proxy: fence the reads before releasing it.
+        kt::fence_async_proxy();
         __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i and dO_i are read
+        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i, dO_i and the statistics are read
     };
 
     // Tasks in the producer's order; the ring position (= the block's step count) runs on
