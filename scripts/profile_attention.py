@@ -1,7 +1,7 @@
 """tk.attention against SDPA's cuDNN backend on a few configs, for ncu or a quick A/B.
 
     python3 scripts/profile_attention.py --config 16,16,1536,128 --config 16,16,768,64,1 [--backward]
-    ncu --clock-control none -k regex:backward_kernel -s 2 -c 1 --section WarpStateStats \\
+    ncu --clock-control none -k regex:backward_kernel_sm90 -c 1 --section WarpStateStats \\
         python3 scripts/profile_attention.py --config 16,16,1536,128 --backward --reps 1
 
 A config is batch,heads,len,head_dim[,causal]. Prints per config the median time and TFLOP/s
