@@ -5,10 +5,10 @@
 // rows) of every query head of its GQA group that can see its keys, which reduces dK and dV over
 // the group in registers (no atomics, deterministic). The grid is persistent (one block per SM):
 // non-causal tasks (all equal) go round robin, causal ones (uneven) heaviest first from a global
-// counter. A producer thread loads each task's K and V, and streams Q_i and dO_i through a ring
-// (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO land
-// while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory is
-// full). Per query block, with c = scale * log2(e) and the per-row statistics as
+// counter. A producer thread loads each task's K and V, and streams Q_i and dO_i, with their
+// rows' statistics, through a ring (2 stages at d128, 4 at d64) that runs on across tasks, so
+// the next task's first Q/dO land while this one finishes; at d64 K and V are double-buffered
+// too (at d128 shared memory is full). Per query block, with c = scale * log2(e) and the per-row statistics as
 // backward_rows.cu leaves them (shift = -lse / scale, neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
 //                                                  from shared memory (d128) or registers (d64);
@@ -61,9 +61,10 @@ template <int D> constexpr bool KV_IN_REGISTERS = D <= 64;
 // issue products (8 + c).
 constexpr int DS_READY = 4, DS_FREE = 6, TURN = 8;
 // d128: a step's dQ is computed one step later, and the warpgroups take turns issuing their
-// products (see the consumers). Measured (session 7, backward kernel): d128 full 1-3% faster,
-// d128 causal level; d64 3-9% slower (its consumers have no registers to spare), so d64 computes
-// dQ in its own step, without turns.
+// products (see the consumers). Measured (session 7, backward kernel, while the statistics
+// were still read from global memory): d128 full 1-3% faster, d128 causal level; d64 3-9%
+// slower (its consumers have no registers to spare), so d64 computes dQ in its own step,
+// without turns.
 template <int D> constexpr bool DEFER_DQ = D == 128;
 // The launch gives every thread 168 registers (65536 / 384, rounded down to 8): the producer
 // warpgroup gives back exactly what the consumers take ((168 - 24) * 128 = (240 - 168) * 256),
