@@ -112,5 +112,19 @@ def test_semaphore_pipeline(hopper, tiles):
     expected = source.view(tiles, 64, 64).double().sum(0)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
 
+
+# (offset, count) in floats: the bulk copy needs 16-byte aligned addresses and sizes.
+BULK_CASES = [(0, 4), (64, 64), (4, 1020), (1000, 1024)]
+
+
+@pytest.mark.parametrize("offset, count", BULK_CASES)
+def test_bulk_copy(hopper, offset, count):
+    source = randn(2048)
+    out = nans(1024)
+    hopper.bulk_copy(source.data_ptr(), offset, count, out.data_ptr(), stream())
+    torch.cuda.synchronize()
+    assert torch.equal(out[:count], source[offset:offset + count])
+    assert out[count:].isnan().all(), "bytes past the copy were written"
+
 # The load/compute/finish template is exercised through its real user, tk.matmul
 # (tests/test_matmul_gpu.py): partial tiles, every operand layout, batches.

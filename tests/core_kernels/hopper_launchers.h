@@ -17,4 +17,8 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
 // out (64 x 64 float) = sum over the 64-row tiles of in, through a 2-stage TMA ring.
 void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream);
 
+// out[0, 1024) = in[offset, offset + count) (raw float pointers) through a 1-D bulk copy into
+// shared memory; the rest of out is the shared buffer's NaN poison.
+void bulk_copy(int64_t in, int64_t offset, int count, int64_t out, int64_t stream);
+
 }  // namespace tk_test

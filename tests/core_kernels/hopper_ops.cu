@@ -191,4 +191,43 @@ void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_
     check_launch("semaphore_pipeline");
 }
 
+// out[0, count) = in[offset, offset + count) (floats) through a 1-D bulk copy into shared
+// memory (tma::load_bytes_async), read back by the block with plain loads. The shared buffer
+// starts poisoned with NaN so that bytes the copy misses show in out.
+struct bulk_buffer {
+    static constexpr int capacity = 1024;
+    alignas(16) float data[capacity];
+};
+
+__global__ void __launch_bounds__(128) bulk_copy_kernel(const float* in, int64_t offset, int count, float* out) {
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& buffer = alloc.allocate<bulk_buffer>();
+    auto& sem = alloc.allocate<semaphore>();
+    for (int i = threadIdx.x; i < bulk_buffer::capacity; i += blockDim.x) buffer.data[i] = __int_as_float(0x7fc00000);
+    fence_async_proxy();  // the poison is written before the copy engine writes over it
+    if (threadIdx.x == 0) {
+        init_semaphore(sem, 1);
+        fence_semaphore_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        expect_bytes(sem, uint32_t(count) * sizeof(float));
+        tma::load_bytes_async(buffer.data, in + offset, uint32_t(count) * sizeof(float), sem);
+    }
+    wait(sem, 0);
+    for (int i = threadIdx.x; i < bulk_buffer::capacity; i += blockDim.x) out[i] = buffer.data[i];
+}
+
+void bulk_copy(int64_t in, int64_t offset, int count, int64_t out, int64_t stream) {
+    if (count <= 0 || count > bulk_buffer::capacity || count % 4 != 0 || offset % 4 != 0)
+        throw std::runtime_error("bulk_copy: count in (0, 1024] and count, offset multiples of 4 floats");
+    const int smem = shared_bytes_for<bulk_buffer, semaphore>();
+    auto kernel = bulk_copy_kernel;
+    allow_shared(kernel, smem);
+    kernel<<<1, 128, smem, as_stream(stream)>>>(reinterpret_cast<const float*>(in), offset, count,
+                                                reinterpret_cast<float*>(out));
+    check_launch("bulk_copy");
+}
+
 }  // namespace tk_test
