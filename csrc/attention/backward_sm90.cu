@@ -8,8 +8,9 @@
 // counter. A producer thread loads each task's K and V, and streams Q_i and dO_i, with their
 // rows' statistics, through a ring (2 stages at d128, 4 at d64) that runs on across tasks, so
 // the next task's first Q/dO land while this one finishes; at d64 K and V are double-buffered
-// too (at d128 shared memory is full). Per query block, with c = scale * log2(e) and the per-row statistics as
-// backward_rows.cu leaves them (shift = -lse / scale, neg_delta = -rowsum(dO * O)):
+// too (at d128 shared memory is full). Per query block, with c = scale * log2(e) and the
+// per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
+// neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
 //                                                  from shared memory (d128) or registers (d64);
 //                                                  S^T accumulates onto the shift
@@ -368,6 +369,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::copy(ds_t, dp_t);
             kt::store(kt::subtile<16, BLOCK_M>(ds_smem, consumer * 4 + warp, 0), ds_t);
         }
+        // Into the async proxy: the dS^T rows just written (read next by wgmma), and the stage's
+        // statistics read above (the producer's next bulk copy into the stage writes through
+        // the async proxy, after this thread's release of the stage).
         kt::fence_async_proxy();
         if (consumer != parity) kt::warpgroup::arrive_at<BOTH>(DS_READY + parity);
         kt::warpgroup::sync(1 + consumer);  // this warpgroup's rows stored before its dK reads them
@@ -392,9 +396,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
-        // The statistics were read through the generic proxy and the producer's next bulk copy
-        // into this stage writes through the async proxy: fence the reads before releasing it.
-        kt::fence_async_proxy();
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i, dO_i and the statistics are read
     };
