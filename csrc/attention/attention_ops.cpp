@@ -216,8 +216,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.dq_accum = dq_accum.mutable_data_ptr<float>();
     params.dk = dk.mutable_data_ptr();
     params.dv = dv.mutable_data_ptr();
-    params.score_shift = score_shift.const_data_ptr<float>();
-    params.neg_delta = neg_delta.const_data_ptr<float>();
+    params.score_shift = score_shift.mutable_data_ptr<float>();
+    params.neg_delta = neg_delta.mutable_data_ptr<float>();
     params.len_q_padded = static_cast<int>(len_q_padded);
     at::Tensor task_counter;  // the causal kernel's task queue, zeroed by backward_statistics
     if (is_causal) {
@@ -229,8 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    cudaError_t status = backward_statistics(params, out_view, score_shift.mutable_data_ptr<float>(),
-                                             neg_delta.mutable_data_ptr<float>(), stream);
+    cudaError_t status = backward_statistics(params, out_view, stream);
     if (status == cudaSuccess) status = backward_sm90(params, stream);
     if (status == cudaSuccess) status = backward_finish_dq(params, dq.mutable_data_ptr(), stream);
     TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));

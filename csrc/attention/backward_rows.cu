@@ -2,6 +2,7 @@
 // reads (one warp per query row) and the conversion of its fp32 dq accumulator. Plain CUDA:
 // each is one pass over memory, fused so the op layer needs no fp32 temporaries of dO * O.
 #include "kittens/kittens.cuh"
+#include "attention/dispatch.h"
 #include "attention/forward_params.h"
 
 namespace tk::attention {
@@ -65,33 +66,28 @@ __global__ void finish_dq_kernel(const float4* dq_accum, T* dq, float scale, int
 }
 
 template <typename T, int D>
-cudaError_t statistics(const BackwardParams& p, const OutputView& o, float* score_shift, float* neg_delta,
-                       cudaStream_t stream) {
-    const kt::gl<T> dout(static_cast<T*>(const_cast<void*>(p.dout)), p.batch, p.heads_q, p.len_q, D,
-                         p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
-    const kt::gl<T> out(static_cast<T*>(const_cast<void*>(o.out)), p.batch, p.heads_q, p.len_q, D, o.stride_b,
-                        o.stride_h, o.stride_l);
+cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_t stream) {
+    const kt::gl<T> dout =
+        head_major<T, D>(p.dout, p.batch, p.heads_q, p.len_q, p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
+    const kt::gl<T> out = head_major<T, D>(o.out, p.batch, p.heads_q, p.len_q, o.stride_b, o.stride_h, o.stride_l);
     const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q_padded;
     constexpr int rows_per_block = WARPS_PER_BLOCK * kt::WARP_THREADS / (D * int(sizeof(T)) / 16);
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
-        dout, out, o.lse, score_shift, neg_delta, p.dq_accum, p.scale, p.heads_q, p.len_q, p.len_q_padded, rows,
+        dout, out, o.lse, p.score_shift, p.neg_delta, p.dq_accum, p.scale, p.heads_q, p.len_q, p.len_q_padded, rows,
         p.task_counter);
     return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, float* score_shift,
-                                float* neg_delta, cudaStream_t stream) {
+cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, cudaStream_t stream) {
     const bool bf16 = p.dtype == ElementType::bf16;
     if (p.head_dim == 64)
-        return bf16 ? statistics<kt::bf16, 64>(p, out, score_shift, neg_delta, stream)
-                    : statistics<kt::half, 64>(p, out, score_shift, neg_delta, stream);
+        return bf16 ? statistics<kt::bf16, 64>(p, out, stream) : statistics<kt::half, 64>(p, out, stream);
     if (p.head_dim == 128)
-        return bf16 ? statistics<kt::bf16, 128>(p, out, score_shift, neg_delta, stream)
-                    : statistics<kt::half, 128>(p, out, score_shift, neg_delta, stream);
+        return bf16 ? statistics<kt::bf16, 128>(p, out, stream) : statistics<kt::half, 128>(p, out, stream);
     return cudaErrorInvalidValue;
 }
 

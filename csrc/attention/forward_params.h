@@ -54,8 +54,9 @@ struct BackwardParams {
     void* dv;            // (B, Hkv, Lk, D) contiguous, input dtype
     // Per-row statistics, (B, Hq, len_q_padded) fp32, in the form the kernel's products start
     // from: S = Q K^T + score_shift gives P = exp2(S * scale * log2(e)), dP + neg_delta = dP - delta.
-    const float* score_shift;  // -lse / scale; -inf past Lq and where lse is -inf (P = 0)
-    const float* neg_delta;    // -rowsum(dO * O); 0 past Lq
+    // Written by backward_statistics, read by the backward kernel.
+    float* score_shift;  // -lse / scale; -inf past Lq and where lse is -inf (P = 0)
+    float* neg_delta;    // -rowsum(dO * O); 0 past Lq
     int len_q_padded;    // Lq rounded up to a multiple of 64
     int* task_counter;   // causal only: one int32, zeroed by backward_statistics (the task queue)
 
@@ -84,8 +85,7 @@ struct OutputView {
 
 // Fills BackwardParams' score_shift and neg_delta (B, Hq, len_q_padded) from dout, out and lse,
 // and zeroes its dq_accum and task_counter (backward_rows.cu; any GPU).
-cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, float* score_shift,
-                                float* neg_delta, cudaStream_t stream);
+cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, cudaStream_t stream);
 
 // dq = dq_accum * scale in the input dtype, (B, Hq, Lq, D) contiguous (backward_rows.cu).
 cudaError_t backward_finish_dq(const BackwardParams& params, void* dq, cudaStream_t stream);
