@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import thunderkittens  # noqa: E402,F401  (registers torch.ops.tk.*)
-from reference import reference_attention  # noqa: E402
+from reference import causal_offset_of, reference_attention  # noqa: E402
 
 LENGTHS = [(1, 1), (17, 17), (65, 130), (130, 65), (200, 200)]
 DTYPES = [torch.bfloat16, torch.float16]
@@ -49,8 +49,8 @@ def main() -> int:
                                                 lower_right)
 
         leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        offset = len_kv - len_q if lower_right else 0
-        ref_out, _ = reference_attention(*leaves, causal, scale, causal_offset=offset)
+        ref_out, _ = reference_attention(*leaves, causal, scale,
+                                         causal_offset=causal_offset_of(q, k, lower_right))
         ref_out.backward(dout.double())
         calls += 1
         for name, got, leaf in zip(("dq", "dk", "dv"), grads, leaves):

@@ -51,12 +51,12 @@ class AttentionStandIn:
 
     def __call__(self, q, k, v, is_causal, scale, lower_right=False):
         # lower_right may be left out: the dispatcher drops arguments equal to their default.
-        from reference import reference_attention
+        from reference import causal_offset_of, reference_attention
         check_causal_flags("tk::attention_fwd", is_causal, lower_right)
         self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale,
                            "lower_right": lower_right})
         out, lse = reference_attention(q, k, v, is_causal, scale,
-                                       causal_offset=causal_offset(q, k, lower_right))
+                                       causal_offset=causal_offset_of(q, k, lower_right))
         return out.to(q.dtype), lse.float()
 
 
@@ -71,7 +71,7 @@ class AttentionBackwardStandIn:
         self.calls = []
 
     def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale, lower_right=False):
-        from reference import reference_attention_grads
+        from reference import causal_offset_of, reference_attention_grads
         check_causal_flags("tk::attention_bwd_sm90", is_causal, lower_right)
         for name, t in (("grad_out", grad_out), ("q", q), ("k", k), ("v", v), ("out", out)):
             assert t.dim() == 4 and t.dtype == q.dtype, (name, t.shape, t.dtype)
@@ -83,13 +83,8 @@ class AttentionBackwardStandIn:
         self.calls.append({"grad_out": grad_out, "q": q, "k": k, "v": v, "out": out, "lse": lse,
                            "is_causal": is_causal, "scale": scale, "lower_right": lower_right})
         grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale,
-                                          causal_offset=causal_offset(q, k, lower_right))
+                                          causal_offset=causal_offset_of(q, k, lower_right))
         return tuple(g.to(q.dtype).contiguous() for g in grads)
-
-
-def causal_offset(q, k, lower_right):
-    """The ops' diagonal offset (csrc/attention/attention_ops.cpp): Lk - Lq for lower_right."""
-    return k.shape[2] - q.shape[2] if lower_right else 0
 
 
 def check_causal_flags(op, is_causal, lower_right):

@@ -8,6 +8,12 @@ import torch
 import torch.nn.functional as F
 
 
+def causal_offset_of(q, k, lower_right):
+    """The ops' causal diagonal offset (csrc/attention/attention_ops.cpp) for (B, H, Lq, D) q and
+    (B, H, Lk, D) k: Lk - Lq for lower_right (SDPA's causal_lower_right), else 0."""
+    return k.shape[2] - q.shape[2] if lower_right else 0
+
+
 def _masked_scores(q64, k64, is_causal, scale, causal_offset):
     """Scaled scores, -inf where key j is hidden from query i (causal: j > i + causal_offset)."""
     scores = (q64 @ k64.transpose(-1, -2)) * scale

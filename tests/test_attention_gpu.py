@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderkittens as tk
-from reference import lower_right_bias, reference_attention, sdpa_causal_lower_right
+from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
@@ -95,7 +95,7 @@ def assert_close_to_reference(out, q, k, v, causal, scale, lse=None, lower_right
     j <= i + Lk - Lq; with Lq > Lk the first Lq - Lk rows see no key and must be exactly 0,
     with lse -inf."""
     assert torch.isfinite(out).all(), "output has NaN/inf"
-    offset = k.shape[2] - q.shape[2] if lower_right else 0
+    offset = causal_offset_of(q, k, lower_right)
     hidden = max(0, -offset)  # leading query rows that see no key
     assert torch.all(out[:, :, :hidden] == 0), "rows that see no key are not 0"
     ref_out, ref_lse = reference_attention(q, k, v, causal, scale, causal_offset=offset)

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import thunderkittens as tk
-from reference import (lower_right_bias, reference_attention_grads,
+from reference import (causal_offset_of, lower_right_bias, reference_attention_grads,
                        sdpa_causal_lower_right)
 from attention_cases import DTYPES, attention_cases, case_id
 
@@ -96,7 +96,7 @@ def assert_grads_close(grads, q, k, v, grad_out, causal, scale, lower_right=Fals
     """(dq, dk, dv) against the float64 reference, each within SDPA's own error. lower_right
     (with causal): SDPA's causal_lower_right; with Lq > Lk the first Lq - Lk query rows see no
     key, so their dq must be exactly 0."""
-    offset = k.shape[2] - q.shape[2] if lower_right else 0
+    offset = causal_offset_of(q, k, lower_right)
     hidden = max(0, -offset)
     assert torch.all(grads[0][:, :, :hidden] == 0), "dq of rows that see no key is not 0"
     refs = reference_attention_grads(grad_out, q, k, v, causal, scale, causal_offset=offset)
