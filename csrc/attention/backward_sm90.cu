@@ -156,7 +156,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         }
         for (int s = 0; s < STAGES; s++) {
             kt::init_semaphore(sh.in_full[s], 1);
-            kt::init_semaphore(sh.in_empty[s], CONSUMERS * 4);
+            // Every consumer thread releases the stage: they read its statistics with plain
+            // loads (see the release at the end of step_body).
+            kt::init_semaphore(sh.in_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
         kt::fence_semaphore_init();
     }
@@ -396,8 +398,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(p_t);
         kt::wgmma::fence_operand(dk);
         kt::wgmma::fence_operand(dv);
-        __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.in_empty[s]);  // Q_i, dO_i and the statistics are read
+        // Q_i, dO_i and the statistics are read. Each thread arrives for its own statistics
+        // reads: compute-sanitizer's racecheck orders a thread's shared loads before the
+        // producer's next bulk copy only through that thread's own arrival. A __syncwarp and
+        // one arrival per warp is enough under the PTX memory model, but racecheck reports it
+        // as a WAR hazard (a minimal ring was clean only with per-thread arrivals; NOTES.md).
+        kt::arrive(sh.in_empty[s]);
     };
 
     // Tasks in the producer's order; the ring position (= the block's step count) runs on
