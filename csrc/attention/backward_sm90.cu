@@ -164,7 +164,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     }
     __syncthreads();
 
-    const int warpgroup = kt::warp_id() / 4;
+    const int warpgroup = kt::warpgroup_id();
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     // producer passes the task index on with the Q buffer and runs ahead into the next
     // task (its Q in the other buffer, its first K/V tiles in the ring) while the consumers
     // finish the current one. K/V ring positions count on across tasks (`ring`).
-    const int warpgroup = kt::warp_id() / 4;
+    const int warpgroup = kt::warpgroup_id();
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {

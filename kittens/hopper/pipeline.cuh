@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(threads<L>(), 1) kernel(const __grid_constant_
     }
     __syncthreads();
 
-    const int warpgroup = warp_id() / 4;
+    const int warpgroup = warpgroup_id();
     typename L::task task;
     if (warpgroup == L::consumer_warpgroups) {  // producer
         decrease_registers<producer_registers<L>()>();

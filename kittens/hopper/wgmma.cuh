@@ -170,28 +170,62 @@ __device__ __forceinline__ void fence_operand(RT& t) {
 // tile (rows 16 * warp-in-group of the 64).
 
 namespace detail {
+// Start-address step, in the descriptor's 16-byte units, from k-step 0 to k-step k of a
+// shared operand. K-major: 16 columns further along the row, crossing whole column panels.
+// MN-major: 16 rows further down, within the panel. (Rows start at multiples of 8, so no
+// swizzle term enters.) A view must span whole panels so that its first column starts one.
+template <int MN_MAJOR, typename ST>
+constexpr uint32_t k_step(int k) {
+    if constexpr (MN_MAJOR) {
+        return uint32_t(k * TILE_DIM * ST::row_bytes) >> 4;
+    } else {
+        constexpr int panel_cols = ST::row_bytes / int(sizeof(typename ST::dtype));
+        static_assert(ST::cols % panel_cols == 0, "wgmma: a K-major view spans whole column panels");
+        const int col = k * TILE_DIM;
+        return uint32_t((col / panel_cols) * ST::panel_bytes + (col % panel_cols) * int(sizeof(typename ST::dtype))) >> 4;
+    }
+}
+
+template <int MN_MAJOR, typename ST>
+__device__ __forceinline__ uint64_t first_descriptor(const ST& tile) {
+    if constexpr (MN_MAJOR) return descriptor_mn_major(tile, 0);
+    else return descriptor(tile, 0, 0);
+}
+
+// A descriptor moved `step` 16-byte units further. Only the low word changes: the start field
+// (bits 0-13) cannot carry, shared memory ends below 2^18 bytes.
+__device__ __forceinline__ uint64_t advance(uint64_t descriptor, uint32_t step) {
+    return (descriptor & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(descriptor) + step);
+}
+
 // The k-steps of one call. A is a shared tile (64 x K K-major, or with TRANS_A a K x 64
-// tile stored row-major, i.e. MN-major) or this warp's register tile (fragment k); B's
-// descriptor for step k comes from b_descriptor(k).
-template <int TRANS_A, int TRANS_B, register_tile D, typename A, typename BDescriptor>
-__device__ __forceinline__ void mma_k_steps(D& d, const A& a, BDescriptor b_descriptor, bool accumulate) {
+// tile stored row-major, i.e. MN-major) or this warp's register tile (fragment k); B is a
+// shared tile, K-major or (TRANS_B) MN-major. Each shared operand's descriptor is built
+// once and advanced by a constant per k-step (built per k-step, its address masking and
+// shifting cost ~10 instructions around every wgmma).
+template <int TRANS_A, int TRANS_B, register_tile D, typename A, typename SB>
+__device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool accumulate) {
     using T = typename A::dtype;
     auto& regs = accumulator_registers(d);
     constexpr int k_extent = TRANS_A ? A::rows : A::cols;
+    const uint64_t b0 = first_descriptor<TRANS_B>(b);
+    auto b_at = [&](int k) { return advance(b0, k_step<TRANS_B, SB>(k)); };
+    if constexpr (register_tile<A>) {
+        static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
 #pragma unroll
-    for (int k = 0; k < k_extent / TILE_DIM; k++) {
-        const int acc = (accumulate || k > 0) ? 1 : 0;
-        if constexpr (register_tile<A>) {
-            static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
+        for (int k = 0; k < k_extent / TILE_DIM; k++) {
             uint32_t af[4];
             a_fragment(af, a, k);
-            mma_step<T, 0, TRANS_B, D::cols>(regs, af, b_descriptor(k), acc);
-        } else if constexpr (TRANS_A) {
-            static_assert(A::cols == 64, "wgmma: a transposed shared a has the warpgroup's 64 rows as columns");
-            mma_step<T, 1, TRANS_B, D::cols>(regs, descriptor_mn_major(a, k * TILE_DIM), b_descriptor(k), acc);
-        } else {
-            static_assert(A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-            mma_step<T, 0, TRANS_B, D::cols>(regs, descriptor(a, 0, k * TILE_DIM), b_descriptor(k), acc);
+            mma_step<T, 0, TRANS_B, D::cols>(regs, af, b_at(k), (accumulate || k > 0) ? 1 : 0);
+        }
+    } else {
+        static_assert(!TRANS_A || A::cols == 64, "wgmma: a transposed shared a has the warpgroup's 64 rows as columns");
+        static_assert(TRANS_A || A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
+        const uint64_t a0 = first_descriptor<TRANS_A>(a);
+#pragma unroll
+        for (int k = 0; k < k_extent / TILE_DIM; k++) {
+            const uint64_t a_k = advance(a0, k_step<TRANS_A, A>(k));
+            mma_step<T, TRANS_A, TRANS_B, D::cols>(regs, a_k, b_at(k), (accumulate || k > 0) ? 1 : 0);
         }
     }
 }
@@ -208,7 +242,7 @@ template <register_tile D, typename A, typename SB>
 __device__ __forceinline__ void mma_ABt(D& d, const A& a, const SB& b, bool accumulate) {
     detail::check_operand_types<A, SB>();
     static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
-    detail::mma_k_steps<0, 0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<0, 0>(d, a, b, accumulate);
 }
 
 // d (+)= a * b, b a K x N shared tile stored row-major (MN-major for wgmma).
@@ -216,7 +250,7 @@ template <register_tile D, typename A, typename SB>
 __device__ __forceinline__ void mma_AB(D& d, const A& a, const SB& b, bool accumulate) {
     detail::check_operand_types<A, SB>();
     static_assert(SB::cols == D::cols && A::cols == SB::rows, "wgmma::mma_AB: shapes (64 x K)(K x N)");
-    detail::mma_k_steps<0, 1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<0, 1>(d, a, b, accumulate);
 }
 
 // d (+)= a^T * b^T: a a K x 64 shared tile (its transpose is the warpgroup's 64 rows),
@@ -226,7 +260,7 @@ __device__ __forceinline__ void mma_AtBt(D& d, const SA& a, const SB& b, bool ac
     detail::check_operand_types<SA, SB>();
     static_assert(shared_tile<SA>, "wgmma::mma_AtBt: a transposed a lives in shared memory");
     static_assert(SB::rows == D::cols && SA::rows == SB::cols, "wgmma::mma_AtBt: shapes (K x 64)(N x K)");
-    detail::mma_k_steps<1, 0>(d, a, [&](int k) { return descriptor(b, 0, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<1, 0>(d, a, b, accumulate);
 }
 
 // d (+)= a^T * b: a a K x 64 shared tile, b a K x N shared tile stored row-major.
@@ -235,7 +269,7 @@ __device__ __forceinline__ void mma_AtB(D& d, const SA& a, const SB& b, bool acc
     detail::check_operand_types<SA, SB>();
     static_assert(shared_tile<SA>, "wgmma::mma_AtB: a transposed a lives in shared memory");
     static_assert(SB::cols == D::cols && SA::rows == SB::rows, "wgmma::mma_AtB: shapes (K x 64)(K x N)");
-    detail::mma_k_steps<1, 1>(d, a, [&](int k) { return descriptor_mn_major(b, k * TILE_DIM); }, accumulate);
+    detail::mma_k_steps<1, 1>(d, a, b, accumulate);
 }
 
 }  // namespace kittens::wgmma
