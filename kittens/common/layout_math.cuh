@@ -80,6 +80,24 @@ KITTENS_HOST_DEVICE constexpr uint64_t wgmma_descriptor(uint32_t address, uint32
            (wgmma_swizzle_mode(swizzle_bytes) << 62);
 }
 
+// Start-address step, in the descriptor's 16-byte units, of a wgmma operand from k-step 0 to
+// k-step k (16 more K elements) in a shared tile whose rows are row_bytes apart in a panel
+// and whose column panels are panel_bytes apart. K-major: 16 columns further along the row,
+// across whole panels. MN-major: 16 rows further down. The operand starts at a row that is a
+// multiple of 8 and (K-major) at the first column of a panel, so no swizzle term enters.
+KITTENS_HOST_DEVICE constexpr uint32_t wgmma_k_step(bool mn_major, int k, int row_bytes, int panel_bytes,
+                                                    int element_bytes) {
+    if (mn_major) return uint32_t(k * 16 * row_bytes) >> 4;
+    const int panel_cols = row_bytes / element_bytes, col = k * 16;
+    return uint32_t((col / panel_cols) * panel_bytes + (col % panel_cols) * element_bytes) >> 4;
+}
+
+// A descriptor moved `step` 16-byte units further: only the low word changes, since the start
+// field (bits 0-13) cannot carry while the address stays below 2^18 bytes (all of shared memory).
+KITTENS_HOST_DEVICE constexpr uint64_t wgmma_descriptor_advance(uint64_t descriptor, uint32_t step) {
+    return (descriptor & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(descriptor) + step);
+}
+
 // ---------------------------------------------------------------------------
 // Register fragments.
 //

@@ -170,32 +170,20 @@ __device__ __forceinline__ void fence_operand(RT& t) {
 // tile (rows 16 * warp-in-group of the 64).
 
 namespace detail {
-// Start-address step, in the descriptor's 16-byte units, from k-step 0 to k-step k of a
-// shared operand. K-major: 16 columns further along the row, crossing whole column panels.
-// MN-major: 16 rows further down, within the panel. (Rows start at multiples of 8, so no
-// swizzle term enters.) A view must span whole panels so that its first column starts one.
+// Start-address step of k-step k of a shared operand (layout_math::wgmma_k_step). A K-major
+// view must span whole column panels, so that its first column starts one.
 template <int MN_MAJOR, typename ST>
 constexpr uint32_t k_step(int k) {
-    if constexpr (MN_MAJOR) {
-        return uint32_t(k * TILE_DIM * ST::row_bytes) >> 4;
-    } else {
-        constexpr int panel_cols = ST::row_bytes / int(sizeof(typename ST::dtype));
-        static_assert(ST::cols % panel_cols == 0, "wgmma: a K-major view spans whole column panels");
-        const int col = k * TILE_DIM;
-        return uint32_t((col / panel_cols) * ST::panel_bytes + (col % panel_cols) * int(sizeof(typename ST::dtype))) >> 4;
-    }
+    constexpr int element_bytes = int(sizeof(typename ST::dtype));
+    static_assert(MN_MAJOR || ST::cols % (ST::row_bytes / element_bytes) == 0,
+                  "wgmma: a K-major view spans whole column panels");
+    return layout_math::wgmma_k_step(MN_MAJOR, k, ST::row_bytes, ST::panel_bytes, element_bytes);
 }
 
 template <int MN_MAJOR, typename ST>
 __device__ __forceinline__ uint64_t first_descriptor(const ST& tile) {
     if constexpr (MN_MAJOR) return descriptor_mn_major(tile, 0);
     else return descriptor(tile, 0, 0);
-}
-
-// A descriptor moved `step` 16-byte units further. Only the low word changes: the start field
-// (bits 0-13) cannot carry, shared memory ends below 2^18 bytes.
-__device__ __forceinline__ uint64_t advance(uint64_t descriptor, uint32_t step) {
-    return (descriptor & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(descriptor) + step);
 }
 
 // The k-steps of one call. A is a shared tile (64 x K K-major, or with TRANS_A a K x 64
@@ -209,7 +197,7 @@ __device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool 
     auto& regs = accumulator_registers(d);
     constexpr int k_extent = TRANS_A ? A::rows : A::cols;
     const uint64_t b0 = first_descriptor<TRANS_B>(b);
-    auto b_at = [&](int k) { return advance(b0, k_step<TRANS_B, SB>(k)); };
+    auto b_at = [&](int k) { return layout_math::wgmma_descriptor_advance(b0, k_step<TRANS_B, SB>(k)); };
     if constexpr (register_tile<A>) {
         static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
 #pragma unroll
@@ -224,7 +212,7 @@ __device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool 
         const uint64_t a0 = first_descriptor<TRANS_A>(a);
 #pragma unroll
         for (int k = 0; k < k_extent / TILE_DIM; k++) {
-            const uint64_t a_k = advance(a0, k_step<TRANS_A, A>(k));
+            const uint64_t a_k = layout_math::wgmma_descriptor_advance(a0, k_step<TRANS_A, A>(k));
             mma_step<T, TRANS_A, TRANS_B, D::cols>(regs, a_k, b_at(k), (accumulate || k > 0) ? 1 : 0);
         }
     }

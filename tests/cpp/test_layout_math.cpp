@@ -420,6 +420,48 @@ static void test_wgmma_descriptor() {
                 }
 }
 
+// ---------------------------------------------------------------------------
+// wgmma k-steps: the kernels build an operand's descriptor once and advance its start field by
+// wgmma_k_step per 16 K elements. That must land on exactly the address the tile layout gives
+// the k-th step's first element, and advancing must equal building the descriptor there.
+// ---------------------------------------------------------------------------
+static void test_wgmma_k_steps() {
+    const int shapes[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}, {64, 256}, {256, 64}, {16, 32}, {32, 16}};
+    for (const auto& shape : shapes)
+        for (int elem : {2}) {
+            const int rows = shape[0], cols = shape[1];
+            const int swz = swizzle_bytes_for_width(cols * elem), panel_cols = swz / elem;
+            const int row_bytes = swz, panel_bytes = rows * swz;
+            auto offset = [&](int r, int c) { return shared_tile_offset(r, c, rows, cols, elem); };
+            for (uint32_t base = 0; base + uint32_t(rows * cols * elem) <= 227u * 1024u; base += 7 * 1024)
+                for (int r0 = 0; r0 < rows; r0 += 8) {
+                    // K-major: from (r0, c0) at the start of a panel, 16 columns per step.
+                    for (int c0 = 0; c0 < cols; c0 += panel_cols)
+                        for (int k = 0; c0 + 16 * k < cols; k++) {
+                            const uint32_t from = base + offset(r0, c0), to = base + offset(r0, c0 + 16 * k);
+                            const uint32_t step = wgmma_k_step(false, k, row_bytes, panel_bytes, elem);
+                            CHECK(to - from == 16 * step, "K-major %dx%d r0 %d c0 %d k %d: %u vs %u", rows, cols, r0, c0,
+                                  k, to - from, 16 * step);
+                            const uint64_t d = wgmma_descriptor(from, 16, 8 * row_bytes, swz);
+                            CHECK(wgmma_descriptor_advance(d, step) == wgmma_descriptor(to, 16, 8 * row_bytes, swz),
+                                  "K-major advance %dx%d base %u k %d", rows, cols, base, k);
+                        }
+                    // MN-major: from (r0, c0), 16 rows per step.
+                    for (int c0 = 0; c0 < cols; c0 += 16)
+                        for (int k = 0; r0 + 16 * k < rows; k++) {
+                            const uint32_t from = base + offset(r0, c0), to = base + offset(r0 + 16 * k, c0);
+                            const uint32_t step = wgmma_k_step(true, k, row_bytes, panel_bytes, elem);
+                            CHECK(to - from == 16 * step, "MN-major %dx%d r0 %d c0 %d k %d: %u vs %u", rows, cols, r0, c0,
+                                  k, to - from, 16 * step);
+                            const uint64_t d = wgmma_descriptor(from, uint32_t(panel_bytes), 8 * row_bytes, swz);
+                            CHECK(wgmma_descriptor_advance(d, step) ==
+                                      wgmma_descriptor(to, uint32_t(panel_bytes), 8 * row_bytes, swz),
+                                  "MN-major advance %dx%d base %u k %d", rows, cols, base, k);
+                        }
+                }
+        }
+}
+
 int main() {
     test_ceil_div();
     test_swizzle_width();
@@ -430,6 +472,7 @@ int main() {
     test_ldmatrix();
     test_movmatrix_and_transpose();
     test_wgmma_descriptor();
+    test_wgmma_k_steps();
     std::printf("%d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
