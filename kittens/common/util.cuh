@@ -16,8 +16,8 @@ __device__ __forceinline__ int lane_id() { return threadIdx.x % WARP_THREADS; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x / WARP_THREADS; }
 // This thread's warpgroup (4 warps), broadcast from lane 0 so that the compiler knows it is the
 // same across the warp: arithmetic on it (e.g. the wgmma descriptor of a warpgroup's sub-tile)
-// then runs once per warp on the uniform datapath rather than per lane, with a register move
-// before every wgmma.
+// then runs once per warp on the uniform datapath, instead of per lane plus a move into a
+// uniform register before every wgmma.
 __device__ __forceinline__ int warpgroup_id() { return __shfl_sync(FULL_MASK, warp_id() / 4, 0); }
 
 // 32-bit shared-memory address of a generic pointer into shared memory.
