@@ -11,24 +11,22 @@
 
 namespace kittens::wgmma {
 
-// Descriptor of a K-major operand (rows = M or N, K along the row) starting at
-// (row0, col0) of a shared tile (row0 a multiple of 8, col0 of 16): rows advance by
-// the swizzle span, 8-row groups by 8 spans; the swizzle itself is applied by the
-// hardware from address bits, which is why tiles are 1024-byte aligned.
-// (The leading field of a K-major operand is unused with these swizzles; it is 16 bytes.)
+// Descriptor of a shared tile (or view) as a wgmma operand, at its first element; the k-steps
+// advance it (mma_k_steps). The swizzle itself is applied by the hardware from address bits,
+// which is why tiles are 1024-byte aligned. A view starts at a row that is a multiple of 8.
+// K-major (rows = M or N, K along the row): rows advance by the swizzle span, 8-row groups by
+// 8 spans. (The leading field is unused with these swizzles; it is 16 bytes.)
 template <typename ST>
-__device__ __forceinline__ uint64_t descriptor(const ST& tile, int row0, int col0) {
-    const uint32_t address = tile.address(row0, col0);  // row0 % 8 == 0: no swizzle term
-    return layout_math::wgmma_descriptor(address, 16, 8 * ST::row_bytes, ST::row_bytes);
+__device__ __forceinline__ uint64_t descriptor_k_major(const ST& tile) {
+    return layout_math::wgmma_descriptor(tile.address(0, 0), 16, 8 * ST::row_bytes, ST::row_bytes);
 }
 
-// Descriptor of an MN-major operand: a K x N shared tile stored row-major (N along
-// the row), from row (k) row0 on. Within a panel, 8-row groups are 8 spans apart (the
-// stride field); the next panel of N columns is rows spans further (the leading field).
+// MN-major: a K x N tile stored row-major (N along the row). Within a panel, 8-row groups are
+// 8 spans apart (the stride field); the next panel of N columns is the parent tile's panel
+// stride further (the leading field), also for a view.
 template <typename ST>
-__device__ __forceinline__ uint64_t descriptor_mn_major(const ST& tile, int row0) {
-    // The panel stride of the whole tile, also for a view of it.
-    return layout_math::wgmma_descriptor(tile.address(row0, 0), ST::panel_bytes, 8 * ST::row_bytes, ST::row_bytes);
+__device__ __forceinline__ uint64_t descriptor_mn_major(const ST& tile) {
+    return layout_math::wgmma_descriptor(tile.address(0, 0), ST::panel_bytes, 8 * ST::row_bytes, ST::row_bytes);
 }
 
 namespace detail {
@@ -180,12 +178,6 @@ constexpr uint32_t k_step(int k) {
     return layout_math::wgmma_k_step(MN_MAJOR, k, ST::row_bytes, ST::panel_bytes, element_bytes);
 }
 
-template <int MN_MAJOR, typename ST>
-__device__ __forceinline__ uint64_t first_descriptor(const ST& tile) {
-    if constexpr (MN_MAJOR) return descriptor_mn_major(tile, 0);
-    else return descriptor(tile, 0, 0);
-}
-
 // The k-steps of one call. A is a shared tile (64 x K K-major, or with TRANS_A a K x 64
 // tile stored row-major, i.e. MN-major) or this warp's register tile (fragment k); B is a
 // shared tile, K-major or (TRANS_B) MN-major. Each shared operand's descriptor is built
@@ -196,7 +188,7 @@ __device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool 
     using T = typename A::dtype;
     auto& regs = accumulator_registers(d);
     constexpr int k_extent = TRANS_A ? A::rows : A::cols;
-    const uint64_t b0 = first_descriptor<TRANS_B>(b);
+    const uint64_t b0 = TRANS_B ? descriptor_mn_major(b) : descriptor_k_major(b);
     auto b_at = [&](int k) { return layout_math::wgmma_descriptor_advance(b0, k_step<TRANS_B, SB>(k)); };
     if constexpr (register_tile<A>) {
         static_assert(A::rows == 16 && std::same_as<typename A::layout, row_l>, "wgmma: register a is 16 x K, row layout");
@@ -209,7 +201,7 @@ __device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool 
     } else {
         static_assert(!TRANS_A || A::cols == 64, "wgmma: a transposed shared a has the warpgroup's 64 rows as columns");
         static_assert(TRANS_A || A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-        const uint64_t a0 = first_descriptor<TRANS_A>(a);
+        const uint64_t a0 = TRANS_A ? descriptor_mn_major(a) : descriptor_k_major(a);
 #pragma unroll
         for (int k = 0; k < k_extent / TILE_DIM; k++) {
             const uint64_t a_k = layout_math::wgmma_descriptor_advance(a0, k_step<TRANS_A, A>(k));
