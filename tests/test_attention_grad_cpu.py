@@ -364,3 +364,61 @@ def test_double_backward_raises(cpu_kernel):
     (grad_q,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="a second backward .* is not supported"):
         grad_q.float().sum().backward()
+
+
+# ---- torch.use_deterministic_algorithms -------------------------------------------------------
+
+
+@pytest.fixture
+def deterministic():
+    """Turns torch's deterministic mode on for the test: deterministic(warn_only=...)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+    def turn_on(warn_only=False):
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+
+    yield turn_on
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_deterministic_mode_sends_gradient_calls_to_sdpa(cpu_kernel, deterministic):
+    # The sm90 backward sums dq over key blocks in arrival order; SDPA skips its cuDNN backend
+    # in deterministic mode for the same reason, and so do we.
+    deterministic()
+    q, k, v = bf16(1, 4, 17, 64), bf16(1, 2, 23, 64), bf16(1, 2, 23, 64)
+    explanation = str(tk.explain(q, k, v, is_causal=True, enable_gqa=True))
+    assert explanation.startswith("fallback") and "use_deterministic_algorithms" in explanation
+    out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    assert not cpu_kernel.calls and not cpu_kernel.backward.calls
+    assert_grads_match((q, k, v), grad_out, is_causal=True, enable_gqa=True)
+
+
+def test_deterministic_mode_keeps_the_kernel_without_gradients(cpu_kernel, deterministic):
+    deterministic()
+    q = bf16(1, 2, 16, 64)
+    with torch.no_grad():
+        tk.attention(q, q, q)
+    assert len(cpu_kernel.calls) == 1  # the forward kernel has no atomics: deterministic
+
+
+def test_deterministic_warn_only_keeps_the_kernel(cpu_kernel, deterministic):
+    deterministic(warn_only=True)  # as SDPA keeps cuDNN with warn_only
+    q = bf16(1, 2, 16, 64)
+    tk.attention(q, q, q).float().sum().backward()
+    assert len(cpu_kernel.calls) == 1 and len(cpu_kernel.backward.calls) == 1
+
+
+def test_compile_follows_deterministic_mode(cpu_kernel, deterministic):
+    def loss_fn(q):
+        return tk.attention(q, q, q, is_causal=True).float().sum()
+
+    compiled = torch.compile(loss_fn, backend="aot_eager", fullgraph=True)
+    q = bf16(1, 2, 16, 64)
+    compiled(q).backward()
+    assert len(cpu_kernel.calls) == 1 and len(cpu_kernel.backward.calls) == 1
+    deterministic()  # the same compiled function must retrace onto the fallback
+    q.grad = None
+    compiled(q).backward()
+    assert len(cpu_kernel.calls) == 1 and len(cpu_kernel.backward.calls) == 1 and q.grad is not None
