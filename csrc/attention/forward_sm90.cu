@@ -331,8 +331,8 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         // pending (a block's first, or one after a task with no tiles) the same product runs on
         // the K tile just loaded, into an O that is zeroed afterwards: one code path for both
         // (a wgmma issued in only one branch makes ptxas serialize every wgmma, C7518, and a
-        // second copy of the step costs instruction cache). K_0 is released once S_0 is done, or without a pending task once
-        // that product is.
+        // second copy of the step costs instruction cache). K_0 is released once S_0 is done,
+        // or without a pending task once that product is.
         constexpr bool OVERLAP = OVERLAP_TASKS<D, CAUSAL>;
         my_turn();
         issue_scores(q, ring);
