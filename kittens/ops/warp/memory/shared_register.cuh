@@ -1,5 +1,6 @@
 // Shared tile <-> register tile, one warp. 16-bit tiles load with ldmatrix
-// (.trans for the col layout); float tiles and stores move pairs directly.
+// (.trans for the col layout) and row-layout tiles store into 16-bit tiles with stmatrix
+// (sm_90+); float tiles and the other stores move pairs directly.
 #pragma once
 #include "../../../types/register/rt.cuh"
 #include "../../../types/shared/st.cuh"
@@ -23,6 +24,20 @@ template <typename P>
     requires(sizeof(P) == 4)
 __device__ __forceinline__ void store_shared(uint32_t addr, P x) {  // a pair of 16-bit values
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&x)) : "memory");
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+inline constexpr bool has_stmatrix = true;
+#else
+inline constexpr bool has_stmatrix = false;  // stmatrix is sm_90+; older targets store pairs
+#endif
+// The inverse of ldmatrix_x4 (no .trans): register q of every lane goes to 8x8 matrix q, whose
+// rows are at the addresses named by lanes 8q..8q+7.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#endif
 }
 }  // namespace detail
 
@@ -93,7 +108,27 @@ __device__ __forceinline__ void store(STRef&& dst, const RT& src) {
     static_assert(RT::rows == ST::rows && RT::cols == ST::cols, "store: register and shared tile shapes differ");
     using S = typename ST::dtype;
     using T = typename RT::dtype;
-    if constexpr (std::same_as<typename RT::layout, row_l>) {
+    if constexpr (std::same_as<typename RT::layout, row_l> && half_precision<S> && detail::has_stmatrix) {
+        // A 16-bit destination: one stmatrix per base tile, where pair stores take four. Register k
+        // of a row-layout base tile is quadrant (k % 2, k / 2) in exactly stmatrix's fragment
+        // order, so lane l names row l % 8 of quadrant l / 8 (the addressing of load above).
+        const int lane = lane_id(), q = lane / 8;
+        const int r = lane % 8 + 8 * (q % 2), c = 8 * (q / 2);
+#pragma unroll
+        for (int j = 0; j < RT::width; j++) {
+            const uint32_t column_base = dst.address(r, j * TILE_DIM + c);  // 16 rows down: + 16 * row_bytes
+#pragma unroll
+            for (int i = 0; i < RT::height; i++) {
+                uint32_t regs[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const packed<S> pair = convert_pair<S, T>(src.tiles[i][j].data[k]);
+                    regs[k] = *reinterpret_cast<const uint32_t*>(&pair);
+                }
+                detail::stmatrix_x4(column_base + uint32_t(i * TILE_DIM * ST::row_bytes), regs);
+            }
+        }
+    } else if constexpr (std::same_as<typename RT::layout, row_l>) {
         // Pairs run along rows: one 4- or 8-byte st.shared each, at a 32-bit shared address
         // (through a generic pointer the compiler emits 64-bit ST.E with its own address
         // arithmetic: half the instructions of a step that stores a tile were addressing).
