@@ -28,9 +28,12 @@ TORCH_LIBRARY(tk, m) {
           "bool lower_right=False) -> (Tensor out, Tensor lse)");
     // Gradients of attention_fwd_sm90's out (given grad_out) with respect to q, k and v, from the
     // forward's out and lse; dk/dv summed over each GQA group's query heads. sm_90 only.
-    // is_causal and lower_right as the forward's.
+    // is_causal and lower_right as the forward's. deterministic: dq bitwise the same on every run
+    // (the key blocks add into it in a fixed order; a little slower), as
+    // torch.use_deterministic_algorithms(True) asks.
     m.def("attention_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-          "bool is_causal, float scale, bool lower_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+          "bool is_causal, float scale, bool lower_right=False, bool deterministic=False) "
+          "-> (Tensor dq, Tensor dk, Tensor dv)");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -55,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&, bool,
-                                                                       double, bool) {
+                                                                       double, bool, bool) {
     family_not_built("attention_bwd_sm90", "attention");
 }
 #endif

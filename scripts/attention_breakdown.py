@@ -3,7 +3,8 @@ CUDA times, averaged over the timed iterations), for tk's sm90 ops and SDPA's cu
 the same inputs. A development tool: the user-facing numbers come from `python -m benchmarks`.
 
     python3 scripts/attention_breakdown.py --config 16,16,768,768,64 --config 8,16,512,8192,128
-    (batch, heads, len_q, len_kv, head_dim[, causal])
+    (batch, heads, len_q, len_kv, head_dim[, causal]); --deterministic adds tk's backward in its
+    deterministic mode (tk-det).
 """
 
 import argparse
@@ -50,6 +51,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", action="append", required=True,
                         help="batch,heads,len_q,len_kv,head_dim[,causal]")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="also time the deterministic backward (tk-det)")
     args = parser.parse_args()
     for text in args.config:
         fields = [int(x) for x in text.split(",")]
@@ -59,9 +62,9 @@ def main():
         k, v = (torch.randn(b, h, lk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         scale = 1 / math.sqrt(d)
 
-        def ours():
+        def ours(deterministic=False):
             out, lse = torch.ops.tk.attention_fwd_sm90(q, k, v, causal, scale)
-            torch.ops.tk.attention_bwd_sm90(dout, q, k, v, out, lse, causal, scale)
+            torch.ops.tk.attention_bwd_sm90(dout, q, k, v, out, lse, causal, scale, False, deterministic)
 
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
 
@@ -72,6 +75,8 @@ def main():
 
         print(f"b{b} h{h} lq{lq} lk{lk} d{d} {'causal' if causal else 'full'}", flush=True)
         show("tk", kernel_times(ours))
+        if args.deterministic:
+            show("tk-det", kernel_times(lambda: ours(deterministic=True)))
         show("cudnn", kernel_times(cudnn))
 
 

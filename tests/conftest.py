@@ -70,7 +70,8 @@ class AttentionBackwardStandIn:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale, lower_right=False):
+    def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale, lower_right=False,
+                 deterministic=False):
         from reference import causal_offset_of, reference_attention_grads
         check_causal_flags("tk::attention_bwd_sm90", is_causal, lower_right)
         for name, t in (("grad_out", grad_out), ("q", q), ("k", k), ("v", v), ("out", out)):
@@ -81,7 +82,8 @@ class AttentionBackwardStandIn:
         assert grad_out.shape == q.shape and out.shape == q.shape, (grad_out.shape, q.shape)
         assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], (lse.dtype, lse.shape)
         self.calls.append({"grad_out": grad_out, "q": q, "k": k, "v": v, "out": out, "lse": lse,
-                           "is_causal": is_causal, "scale": scale, "lower_right": lower_right})
+                           "is_causal": is_causal, "scale": scale, "lower_right": lower_right,
+                           "deterministic": deterministic})
         grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale,
                                           causal_offset=causal_offset_of(q, k, lower_right))
         return tuple(g.to(q.dtype).contiguous() for g in grads)

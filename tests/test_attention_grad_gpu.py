@@ -231,6 +231,73 @@ def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal):
                        0.125)
 
 
+# ---- deterministic mode ----------------------------------------------------------------------
+
+# (batch, heads_q, heads_kv, len_q, len_kv, head_dim, causal, lower_right): many key blocks add
+# into every dq block, so arrival-order sums would differ between runs.
+DETERMINISTIC_CASES = {
+    "full d128 gqa4": (2, 8, 2, 1000, 1500, 128, False, False),
+    "causal d64": (2, 16, 16, 2048, 2048, 64, True, False),
+    "lower-right d128 Lq<Lk": (1, 8, 8, 700, 2100, 128, True, True),
+    "lower-right d64 Lq>Lk gqa8": (2, 16, 2, 1500, 1000, 64, True, True),
+    "causal d128 gqa8, more tasks than SMs": (4, 32, 4, 1024, 1024, 128, True, False),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", list(DETERMINISTIC_CASES))
+def test_deterministic_backward_is_bitwise_repeatable(case, dtype):
+    batch, heads_q, heads_kv, len_q, len_kv, head_dim, causal, lower_right = DETERMINISTIC_CASES[case]
+    seeded("deterministic", case, dtype)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype)
+    grad_out = randn(q.shape, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = forward_op(q, k, v, causal, scale, lower_right)
+
+    def run():
+        return backward_op(grad_out, q, k, v, out, lse, causal, scale, lower_right, True)
+
+    first = run()
+    assert_grads_close(first, q, k, v, grad_out, causal, scale, lower_right)
+    # Again, twice alone and twice while another stream keeps SMs busy (the blocks then start
+    # and take their tasks at other times): the same bits every time.
+    busy = randn((4096, 4096), torch.bfloat16)
+    side = torch.cuda.Stream()
+    for attempt in range(4):
+        if attempt >= 2:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(4):
+                    busy @ busy
+        again = run()
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs in run {attempt + 2}"
+    torch.cuda.synchronize()
+
+
+def test_deterministic_mode_through_the_public_api():
+    seeded("deterministic-public")
+    leaves = [randn((2, 8, 1100, 64), torch.bfloat16).requires_grad_() for _ in range(3)]
+    grad_out = randn((2, 8, 1100, 64), torch.bfloat16)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with tk.strict():
+            assert str(tk.explain(*leaves, is_causal=True)).endswith("+ backward tk.attention_bwd_sm90")
+            runs = []
+            for _ in range(3):
+                for t in leaves:
+                    t.grad = None
+                tk.attention(*leaves, is_causal=True).backward(grad_out)
+                runs.append([t.grad.clone() for t in leaves])
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    for later in runs[1:]:
+        for a, b in zip(runs[0], later):
+            assert torch.equal(a, b)
+    assert_grads_close(runs[0], *(t.detach() for t in leaves), grad_out, True, 1 / math.sqrt(64))
+
+
 # ---- the public API: autograd through the views tk.attention makes ---------------------------
 
 
@@ -301,12 +368,16 @@ def test_opcheck_backward(shapes):
     seeded("opcheck", shapes)
     q = randn(shapes[0], torch.bfloat16)
     k, v = randn(shapes[1], torch.bfloat16), randn(shapes[1], torch.bfloat16)
-    for causal, scale, lower_right in ((True, 0.125, False), (False, 0.3, False),
-                                       (True, 0.125, True)):
+    for causal, scale, lower_right, deterministic in ((True, 0.125, False, False),
+                                                      (False, 0.3, False, False),
+                                                      (True, 0.125, True, False),
+                                                      (True, 0.125, False, True),
+                                                      (False, 0.3, False, True)):
         out, lse = forward_op(q, k, v, causal, scale, lower_right)
         grad_out = randn(shapes[0], torch.bfloat16)
         torch.library.opcheck(backward_op.default,
-                              (grad_out, q, k, v, out, lse, causal, scale, lower_right))
+                              (grad_out, q, k, v, out, lse, causal, scale, lower_right,
+                               deterministic))
     # transposed (B, L, H, D) memory for q and grad_out
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     out, lse = forward_op(qt, k, v, True, 0.125)

@@ -170,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                                                                        const at::Tensor& k, const at::Tensor& v,
                                                                        const at::Tensor& out, const at::Tensor& lse,
                                                                        bool is_causal, double scale,
-                                                                       bool lower_right) {
+                                                                       bool lower_right, bool deterministic) {
     const char* op = kBwdOp;
     TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
     check_operand(q, "q", q, op);
@@ -219,10 +219,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     params.score_shift = score_shift.mutable_data_ptr<float>();
     params.neg_delta = neg_delta.mutable_data_ptr<float>();
     params.len_q_padded = static_cast<int>(len_q_padded);
-    at::Tensor task_counter;  // the causal kernel's task queue, zeroed by backward_statistics
-    if (is_causal) {
+    // Zeroed by backward_statistics: the kernel's task queue (causal or deterministic), and
+    // the deterministic dq's turn counters, one per 64-row query block.
+    at::Tensor task_counter, dq_turns;
+    if (is_causal || deterministic) {
         task_counter = at::empty({1}, q.options().dtype(at::kInt));
         params.task_counter = task_counter.mutable_data_ptr<int>();
+    }
+    if (deterministic) {
+        dq_turns = at::empty({batch, heads_q, len_q_padded / 64}, q.options().dtype(at::kInt));
+        params.dq_turns = dq_turns.mutable_data_ptr<int>();
     }
 
     const auto os = kernel_strides(out);

@@ -16,13 +16,14 @@ constexpr int WARPS_PER_BLOCK = 8;
 // lse is -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one
 // pass instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole
 // 64-row blocks) get neg_delta 0 and score_shift -inf. Also zeroes the backward kernel's task
-// counter (causal), which runs after this on the same stream. A row is LANES_PER_ROW lanes with
-// 16-byte loads.
+// counter (causal or deterministic) and dq turn counters (deterministic: one per 64-row block),
+// as the kernel runs after this on the same stream. A row is LANES_PER_ROW lanes with 16-byte
+// loads.
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* score_shift,
                       float* neg_delta, float* dq_accum, float scale, int heads_q, int len_q, int len_q_padded,
-                      int64_t rows, int* task_counter) {
+                      int64_t rows, int* task_counter, int* dq_turns) {
     constexpr int CHUNK = 16 / int(sizeof(T));  // elements per 16-byte load
     constexpr int LANES_PER_ROW = D / CHUNK, ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
     static_assert(D % CHUNK == 0 && kt::WARP_THREADS % LANES_PER_ROW == 0, "statistics: head dim");
@@ -48,6 +49,7 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
 #pragma unroll
     for (int offset = LANES_PER_ROW / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (part == 0 && row < rows) {
+        if (dq_turns != nullptr && i % 64 == 0) dq_turns[row / 64] = 0;  // len_q_padded % 64 == 0
         const float l = real ? lse[bh * len_q + i] : kt::neg_infinity();
         neg_delta[row] = -dot;
         score_shift[row] = l == kt::neg_infinity() ? kt::neg_infinity() : -l / scale;
@@ -76,7 +78,7 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
         dout, out, o.lse, p.score_shift, p.neg_delta, p.dq_accum, p.scale, p.heads_q, p.len_q, p.len_q_padded, rows,
-        p.task_counter);
+        p.task_counter, p.dq_turns);
     return cudaGetLastError();
 }
 

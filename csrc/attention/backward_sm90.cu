@@ -96,6 +96,9 @@ struct Shared {
     // the producer writes it before waiting for a K/V buffer, while the consumers may not yet
     // have read the KVB tasks before it.
     int task_index[KV_BUFFERS<D> + 1];
+    // Deterministic: the dQ turn each warpgroup's issuer has open (an index into dq_turns; -1:
+    // none). Kept here rather than in a register, which the d128 consumers have none to spare.
+    int open_turn[CONSUMERS];
     kt::semaphore kv_full[KV_BUFFERS<D>], kv_empty[KV_BUFFERS<D>], in_full[STAGES<D>], in_empty[STAGES<D>];
 };
 
@@ -103,7 +106,11 @@ template <typename T, int D>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map;
     const float *score_shift, *neg_delta;  // (B, Hq, len_q_padded)
-    int* task_counter;                     // causal: zeroed before the launch
+    int* task_counter;                     // causal or deterministic: zeroed before the launch
+    // Deterministic: one turn counter per (batch, query head, query block), zeroed before the
+    // launch; the key blocks reduce-add into that dQ block in ascending order (turns.cuh).
+    // nullptr: reduce-adds in arrival order.
+    int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
     int heads_per_group;  // causal task order: heads whose Q/dO are read together (fit in L2)
@@ -116,12 +123,25 @@ struct Task {
     int b, h_kv, kv_block, first_q_block, per_head, steps;
 };
 
+// Blocks take their tasks from the global counter (rather than round robin), heaviest first
+// (see task_at), when causal, and when deterministic: there a block waits for the key blocks
+// before its own to add their dQ, so it must only ever wait for tasks that running blocks have
+// taken.
+template <bool CAUSAL, typename G>
+__device__ __forceinline__ bool counted_tasks(const G& g) {
+    return CAUSAL || g.dq_turns != nullptr;
+}
+
 template <bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_blocks = kt::ceil_div(g.len_kv, BLOCK_N), q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
-    if constexpr (CAUSAL) {  // a head's first key blocks are seen by the most queries
+    if (counted_tasks<CAUSAL>(g)) {
+        // Causal: a head's first key blocks are seen by the most queries. Deterministic: a
+        // head's key block k is taken after its block k - 1 (whose dQ turns come first), and
+        // after the same block of the other heads of its group, which spaces out the blocks of
+        // one head that wait for each other.
         const HeadAndRank at = heaviest_first(index, g.batch * g.heads_kv, g.heads_per_group, kv_blocks);
         bh = at.head, t.kv_block = at.rank;
     } else {  // a head's key blocks together, so tasks running together share its Q/dO in L2
@@ -172,7 +192,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             // consumers are done with the buffer, stream its Q/dO. A task's first Q/dO are
             // issued before the wait for the K/V buffer (they only need ring slots, which free
             // up during the previous task's last steps), so they are in flight meanwhile.
-            int ring = 0, index = blockIdx.x;
+            const bool counted = counted_tasks<CAUSAL>(g);
+            int ring = 0, index = counted ? atomicAdd(g.task_counter, 1) : blockIdx.x;
             // Step s of a task: query block first_q_block + s % per_head of the group's query
             // head s / per_head (the consumers walk the same order incrementally).
             auto step_q_block = [](const Task t, int step) { return t.first_q_block + step % t.per_head; };
@@ -210,7 +231,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 kt::tma::load_async(sh.v[kvs], &g.v_map, kt::coord{t.b, t.h_kv, t.kv_block, 0}, sh.kv_full[kvs]);
                 load_inputs(t, early, t.steps);
                 ring += t.steps;
-                index = CAUSAL ? gridDim.x + atomicAdd(g.task_counter, 1) : index + gridDim.x;
+                index = counted ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
             }
         }
         return;
@@ -289,7 +310,18 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // complete dS^T(m): wait for the other half, issue, stage the result once done and
     // reduce-add it, free the dS^T buffer. `then` issues more products into the same wait
     // window (the step's dV/dK) after the dQ's commit.
-    auto collect_dq = [&](int b, int h, int i, int m, int kvs, auto&& then) {
+    // Deterministic: the issuer's turn at a dQ block, begun in collect_dq, ended (once the
+    // reduce-add is written) at its next collect_dq or at the end of the task, whichever
+    // comes first. Key block kv_block adds to dQ block i after key blocks 0 .. kv_block - 1:
+    // the blocks that see a query block are a prefix of the key blocks (causal masks hide a
+    // suffix), so its ticket is kv_block.
+    int& open_turn = sh.open_turn[consumer];
+    if (issuer) open_turn = -1;
+    auto end_turn = [&] {
+        if (open_turn >= 0) kt::turns::end_turn(g.dq_turns + open_turn);
+        open_turn = -1;
+    };
+    auto collect_dq = [&](int b, int h, int i, int kv_block, int m, int kvs, auto&& then) {
         kt::warpgroup::sync_with<BOTH>(DS_READY + m % 2);  // the other half of dS^T(m) is stored
         kt::rt_fl<16, D> dq;
         kt::wgmma::fence();
@@ -306,6 +338,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::fence_async_proxy();
         kt::warpgroup::sync(1 + consumer);
         if (issuer) {
+            if (g.dq_turns != nullptr) {  // deterministic: key blocks add in ascending order
+                end_turn();  // this thread's previous turn first: a block that waits holds none
+                open_turn = (b * g.heads_q + h) * kt::ceil_div(g.len_q, BLOCK_M) + i;
+                kt::turns::wait_for_turn(g.dq_turns + open_turn, kv_block);
+            }
             kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
             kt::tma::store_commit();
         }
@@ -386,7 +423,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         };
         my_turn();
         if (collect)
-            collect_dq(b, collect_h, collect_i, m, kvs, [&] {
+            collect_dq(b, collect_h, collect_i, kv_block, m, kvs, [&] {
                 dv_dk();
                 pass_turn();
             });
@@ -444,6 +481,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             i = next_i, h = next_h;
         }
         ring = end;
+        // A block waiting for its turn may hold up the other warpgroup, and with it this one's
+        // open turn: so no turn stays open past its task.
+        if (issuer) end_turn();
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.kv_empty[kvs]);  // K and V read: the next task's may load
 
@@ -502,13 +542,14 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
         kt::tma::cached_tensor_map<typename Sh::dkv_tile>(&dv_map, dv) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     const int group_size = p.heads_q / p.heads_kv;
+    const bool deterministic = p.dq_turns != nullptr;
     int heads_per_group = 1;
-    if constexpr (CAUSAL) {  // a kv head's tasks stream the Q and dO of its group's query heads
+    if (CAUSAL || deterministic) {  // a kv head's tasks stream the Q and dO of its group's query heads
         const int64_t streamed = 2 * int64_t(p.len_q) * D * sizeof(T) * group_size;
         heads_per_group = heads_sharing_l2(streamed, p.l2_bytes, int64_t(p.batch) * p.heads_kv);
     }
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
-              p.score_shift, p.neg_delta, p.task_counter, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q,
+              p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q,
               p.len_kv, p.len_q_padded,
               CAUSAL ? p.causal_offset : 0, heads_per_group, p.scale, p.scale * LOG2E};
 
@@ -518,7 +559,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_kv, BLOCK_N)) * p.batch * p.heads_kv;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    if (p.multiprocessors <= 0 || (CAUSAL && p.task_counter == nullptr)) return cudaErrorInvalidValue;
+    if (p.multiprocessors <= 0 || ((CAUSAL || deterministic) && p.task_counter == nullptr)) return cudaErrorInvalidValue;
     const unsigned blocks = unsigned(tasks < p.multiprocessors ? tasks : p.multiprocessors);  // persistent
     kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();

@@ -58,7 +58,11 @@ struct BackwardParams {
     float* score_shift;  // -lse / scale; -inf past Lq and where lse is -inf (P = 0)
     float* neg_delta;    // -rowsum(dO * O); 0 past Lq
     int len_q_padded;    // Lq rounded up to a multiple of 64
-    int* task_counter;   // causal only: one int32, zeroed by backward_statistics (the task queue)
+    int* task_counter;   // causal or deterministic: one int32, zeroed by backward_statistics (the task queue)
+    // Deterministic dq: one int32 turn counter per (batch, query head, 64-row query block),
+    // zeroed by backward_statistics; the key blocks then add into each dq block in a fixed
+    // order. nullptr: in arrival order (faster; dq may differ in the last bits between runs).
+    int* dq_turns;
 
     int batch, heads_q, heads_kv;
     int len_q, len_kv;

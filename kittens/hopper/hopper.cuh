@@ -5,3 +5,4 @@
 #include "tma.cuh"
 #include "wgmma.cuh"
 #include "pipeline.cuh"
+#include "turns.cuh"

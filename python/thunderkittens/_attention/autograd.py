@@ -5,9 +5,15 @@ see it.
 The forward op returns (out, lse); the backward op reads q, k, v, out and lse, so those are
 saved, and gives (dq, dk, dv) in one call:
 
-    torch.ops.tk.attention_bwd_sm90(grad_out, q, k, v, out, lse, is_causal, scale, lower_right)
+    torch.ops.tk.attention_bwd_sm90(grad_out, q, k, v, out, lse, is_causal, scale, lower_right,
+                                    deterministic)
 
-with dk/dv already summed over each GQA group's query heads. lse is not differentiable (nothing
+with dk/dv already summed over each GQA group's query heads. deterministic is
+torch.are_deterministic_algorithms_enabled() when the backward runs (as torch's own ops read it,
+warn_only or not): the kernel then adds the key blocks' shares of dq in a fixed order, so that
+dq is bitwise the same on every run (dk and dv always are).
+Under torch.compile the setting is read while the backward is traced; dynamo guards it, so a
+change of the setting retraces. lse is not differentiable (nothing
 downstream of tk.attention sees it). grad_out arrives in whatever layout autograd made (often an
 expanded or transposed view); it is given to the op in a layout the kernel reads (one copy when
 needed, by the same rule as the forward's operands). q/k/v are the 4-D operands the forward op
@@ -47,7 +53,8 @@ def _backward(ctx, grad_out: torch.Tensor | None, _grad_lse: None):
         return None, None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.tk.attention_bwd_sm90(kernel_operand(grad_out), q, k, v, out, lse,
-                                                 ctx.is_causal, ctx.scale, ctx.lower_right)
+                                                 ctx.is_causal, ctx.scale, ctx.lower_right,
+                                                 torch.are_deterministic_algorithms_enabled())
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
     return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
             None, None, None)

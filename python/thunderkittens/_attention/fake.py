@@ -43,7 +43,7 @@ def attention_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
 
 def attention_bwd_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
-                       lower_right: bool = False
+                       lower_right: bool = False, deterministic: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     who = "tk::attention_bwd_sm90"
     _check_lower_right(who, is_causal, lower_right)

@@ -113,20 +113,12 @@ def _backward_op_built(family: KernelFamily) -> bool:
     return family.backward_op_name in BUILT_BACKWARD_OPS
 
 
-@torch.compiler.assume_constant_result
-def _deterministic_warn_only() -> bool:
-    """torch.is_deterministic_algorithms_warn_only_enabled(), as a trace-time constant: dynamo
-    guards torch.are_deterministic_algorithms_enabled() but cannot trace this one (torch 2.11+).
-    A compiled function therefore keeps the warn_only setting it was traced with."""
-    return torch.is_deterministic_algorithms_warn_only_enabled()
-
-
 def backward_fallback_reason(family: KernelFamily, query, key, value) -> str | None:
     """Why the call cannot run on ``family`` when a gradient is needed, or None.
 
     Only the sm90 family has a backward kernel; with sm80 (auto on a non-Hopper GPU, or forced)
-    a call that needs gradients goes to SDPA, so training works everywhere. So does one under
-    torch.use_deterministic_algorithms(True): the backward kernel is not deterministic."""
+    a call that needs gradients goes to SDPA, so training works everywhere. (Under
+    torch.use_deterministic_algorithms(True) the sm90 backward runs in its deterministic mode.)"""
     name = _name_requiring_grad(query, key, value)
     if name is None:
         return None
@@ -140,13 +132,6 @@ def backward_fallback_reason(family: KernelFamily, query, key, value) -> str | N
         return (f"{prefix}{name} requires grad and this build of thunderkittens has no "
                 f"tk::{family.backward_op_name} op (built before the backward kernel); "
                 "rebuild with: pip install --no-build-isolation .")
-    if torch.are_deterministic_algorithms_enabled() and not _deterministic_warn_only():
-        # As SDPA does with its cuDNN backend: the backward adds each key block's share of dq
-        # into global memory with fp32 reduce-adds in arrival order, so dq can differ in the
-        # last bits from run to run. SDPA then applies its own deterministic-mode policy.
-        return (f"{prefix}{name} requires grad and torch.use_deterministic_algorithms(True) is set; "
-                f"the {family.name} backward sums dq over key blocks in arrival order (not "
-                "deterministic), so the call goes to SDPA (warn_only=True keeps the kernel)")
     return None
 
 
