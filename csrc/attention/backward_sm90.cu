@@ -123,21 +123,18 @@ struct Task {
     int b, h_kv, kv_block, first_q_block, per_head, steps;
 };
 
-// Blocks take their tasks from the global counter (rather than round robin), heaviest first
-// (see task_at), when causal, and when deterministic: there a block waits for the key blocks
-// before its own to add their dQ, so it must only ever wait for tasks that running blocks have
-// taken.
-template <bool CAUSAL, typename G>
-__device__ __forceinline__ bool counted_tasks(const G& g) {
-    return CAUSAL || g.dq_turns != nullptr;
-}
-
-template <bool CAUSAL, typename G>
+// COUNTED: blocks take their tasks from the global counter (rather than round robin), heaviest
+// first (see task_at). Always when causal; also when deterministic (the host launches the
+// COUNTED kernel when dq_turns is set), as a block then waits for the key blocks before its own
+// to add their dQ, so it must only ever wait for tasks that running blocks have taken. (A
+// separate instantiation, not a run-time flag: the round-robin kernel's 24-register producer
+// spills with the counter's code beside it, which cost the non-causal backward 1-5%.)
+template <bool CAUSAL, bool COUNTED, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_blocks = kt::ceil_div(g.len_kv, BLOCK_N), q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
-    if (counted_tasks<CAUSAL>(g)) {
+    if constexpr (COUNTED) {
         // Causal: a head's first key blocks are seen by the most queries. Deterministic: a
         // head's key block k is taken after its block k - 1 (whose dQ turns come first), and
         // after the same block of the other heads of its group, which spaces out the blocks of
@@ -156,7 +153,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     return t;
 }
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, bool CAUSAL, bool COUNTED>
 __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     backward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -192,8 +189,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             // consumers are done with the buffer, stream its Q/dO. A task's first Q/dO are
             // issued before the wait for the K/V buffer (they only need ring slots, which free
             // up during the previous task's last steps), so they are in flight meanwhile.
-            const bool counted = counted_tasks<CAUSAL>(g);
-            int ring = 0, index = counted ? atomicAdd(g.task_counter, 1) : blockIdx.x;
+            int ring = 0, index = COUNTED ? atomicAdd(g.task_counter, 1) : blockIdx.x;
             // Step s of a task: query block first_q_block + s % per_head of the group's query
             // head s / per_head (the consumers walk the same order incrementally).
             auto step_q_block = [](const Task t, int step) { return t.first_q_block + step % t.per_head; };
@@ -217,7 +213,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             for (int local = 0;; local++) {
                 const int kvs = local % KVB;
                 const bool more = index < tasks;
-                const Task t = task_at<CAUSAL>(more ? index : 0, g);
+                const Task t = task_at<CAUSAL, COUNTED>(more ? index : 0, g);
                 const int early = more ? min(t.steps, STAGES) : 0;
                 sh.task_index[local % (KVB + 1)] = more ? index : -1;
                 load_inputs(t, 0, early);
@@ -231,7 +227,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 kt::tma::load_async(sh.v[kvs], &g.v_map, kt::coord{t.b, t.h_kv, t.kv_block, 0}, sh.kv_full[kvs]);
                 load_inputs(t, early, t.steps);
                 ring += t.steps;
-                index = counted ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
+                index = COUNTED ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
             }
         }
         return;
@@ -318,7 +314,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     int& open_turn = sh.open_turn[consumer];
     if (issuer) open_turn = -1;
     auto end_turn = [&] {
-        if (open_turn >= 0) kt::turns::end_turn(g.dq_turns + open_turn);
+        if (COUNTED && open_turn >= 0) kt::turns::end_turn(g.dq_turns + open_turn);
         open_turn = -1;
     };
     auto collect_dq = [&](int b, int h, int i, int kv_block, int m, int kvs, auto&& then) {
@@ -338,7 +334,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::fence_async_proxy();
         kt::warpgroup::sync(1 + consumer);
         if (issuer) {
-            if (g.dq_turns != nullptr) {  // deterministic: key blocks add in ascending order
+            if (COUNTED && g.dq_turns != nullptr) {  // deterministic: key blocks add in ascending order
                 end_turn();  // this thread's previous turn first: a block that waits holds none
                 open_turn = (b * g.heads_q + h) * kt::ceil_div(g.len_q, BLOCK_M) + i;
                 kt::turns::wait_for_turn(g.dq_turns + open_turn, kv_block);
@@ -456,7 +452,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::load(k_reg, kt::subtile<16, D>(sh.k[kvs], consumer * 4 + warp, 0));
             kt::load(v_reg, kt::subtile<16, D>(sh.v[kvs], consumer * 4 + warp, 0));
         }
-        const Task t = task_at<CAUSAL>(index, g);
+        const Task t = task_at<CAUSAL, COUNTED>(index, g);
         kt::zero(dk);
         kt::zero(dv);
         // Causal: a query block needs the mask while its first query cannot see the task's
@@ -555,7 +551,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");
-    auto kernel = backward_kernel_sm90<T, D, CAUSAL>;
+    auto kernel = CAUSAL || deterministic ? backward_kernel_sm90<T, D, CAUSAL, true>
+                                          : backward_kernel_sm90<T, D, CAUSAL, CAUSAL>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_kv, BLOCK_N)) * p.batch * p.heads_kv;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
