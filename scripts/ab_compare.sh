@@ -12,6 +12,13 @@
 # 90a here). COMMAND runs from this tree, so every version is timed by the same scripts, with
 # the version's package first on PYTHONPATH; each run is headed "== NAME ROUND".
 #
+# On the lent GPU machine the working tree arrives current but .git may not: in session 9 its
+# HEAD and branches were those of the session's start, so HEAD~1 and HEAD built two old commits
+# and "." would miss files added since. Bring the commits along in an untracked bundle
+# (git bundle create tmp/ab.bundle BASE..BRANCH ...), fetch it there first
+# (git fetch -q tmp/ab.bundle "refs/heads/*:refs/heads/*"), name versions by commit hash, and
+# check the "built NAME (hash)" lines.
+#
 # Example (base against the working tree, two rounds):
 #   bash scripts/ab_compare.sh -r 2 base=HEAD new=. -- python scripts/profile_attention.py --config 16,16,3072,128
 set -o pipefail
