@@ -5,9 +5,10 @@
 // rows) of every query head of its GQA group that can see its keys, which reduces dK and dV over
 // the group in registers (no atomics, deterministic). The grid is persistent (one block per SM):
 // non-causal tasks (all equal) go round robin, causal ones (uneven) heaviest first from a global
-// counter. A producer thread loads each task's K and V, and streams Q_i and dO_i, with their
-// rows' statistics, through a ring (2 stages at d128, 4 at d64) that runs on across tasks, so
-// the next task's first Q/dO land while this one finishes; at d64 K and V are double-buffered
+// counter (so do non-causal ones in the deterministic mode, see COUNTED). A producer thread
+// loads each task's K and V, and streams Q_i and dO_i, with their rows' statistics, through a
+// ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
+// land while this one finishes; at d64 K and V are double-buffered
 // too (at d128 shared memory is full). Per query block, with c = scale * log2(e) and the
 // per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
 // neg_delta = -rowsum(dO * O)):
@@ -24,6 +25,8 @@
 //                                                     step (alternating; at d128 a step
 //                                                     later), from dS^T in shared memory; TMA
 //                                                     reduce-add into an fp32 accumulator
+//                                                     (deterministic mode: the key blocks
+//                                                     take turns in a fixed order, turns.cuh)
 // The warpgroups wait for each other only over dS^T (and at d128 take turns issuing products,
 // see the consumers), so one's elementwise work mostly overlaps the other's products; within
 // a warpgroup the products are split into groups that overlap its own exponentials and dQ
@@ -113,7 +116,7 @@ struct Globals {
     int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;  // causal task order: heads whose Q/dO are read together (fit in L2)
+    int heads_per_group;  // counted task order: heads whose Q/dO are read together (fit in L2)
     float scale, scale_log2;
 };
 
@@ -128,7 +131,7 @@ struct Task {
 // COUNTED kernel when dq_turns is set), as a block then waits for the key blocks before its own
 // to add their dQ, so it must only ever wait for tasks that running blocks have taken. (A
 // separate instantiation, not a run-time flag: the round-robin kernel's 24-register producer
-// spills with the counter's code beside it, which cost the non-causal backward 1-5%.)
+// spills with the counter's code beside it, which cost 1-5% of the non-causal fwd+bwd.)
 template <bool CAUSAL, bool COUNTED, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_blocks = kt::ceil_div(g.len_kv, BLOCK_N), q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
@@ -540,13 +543,13 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     const int group_size = p.heads_q / p.heads_kv;
     const bool deterministic = p.dq_turns != nullptr;
     int heads_per_group = 1;
-    if (CAUSAL || deterministic) {  // a kv head's tasks stream the Q and dO of its group's query heads
+    if (CAUSAL || deterministic) {  // counted order; a kv head's tasks stream its group's Q and dO
         const int64_t streamed = 2 * int64_t(p.len_q) * D * sizeof(T) * group_size;
         heads_per_group = heads_sharing_l2(streamed, p.l2_bytes, int64_t(p.batch) * p.heads_kv);
     }
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
-              p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size, p.len_q,
-              p.len_kv, p.len_q_padded,
+              p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size,
+              p.len_q, p.len_kv, p.len_q_padded,
               CAUSAL ? p.causal_offset : 0, heads_per_group, p.scale, p.scale * LOG2E};
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
@@ -556,7 +559,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_kv, BLOCK_N)) * p.batch * p.heads_kv;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    if (p.multiprocessors <= 0 || ((CAUSAL || deterministic) && p.task_counter == nullptr)) return cudaErrorInvalidValue;
+    if (p.multiprocessors <= 0 || ((CAUSAL || deterministic) && p.task_counter == nullptr))
+        return cudaErrorInvalidValue;
     const unsigned blocks = unsigned(tasks < p.multiprocessors ? tasks : p.multiprocessors);  // persistent
     kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();
