@@ -385,12 +385,15 @@ def test_deterministic_mode_runs_the_deterministic_backward(cpu_kernel, determin
     # The sm90 backward has a deterministic mode (dq added over key blocks in a fixed order):
     # torch's deterministic mode selects it, so training stays on the kernel.
     q, k, v = bf16(1, 4, 17, 64), bf16(1, 2, 23, 64), bf16(1, 2, 23, 64)
+    assert str(tk.explain(q, k, v, is_causal=True, enable_gqa=True)).endswith(
+        "+ backward tk.attention_bwd_sm90")
     out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
     out.backward(torch.randn_like(out))
     deterministic()
     for t in (q, k, v):
         t.grad = None
-    assert str(tk.explain(q, k, v, is_causal=True, enable_gqa=True)).startswith("kernel")
+    assert str(tk.explain(q, k, v, is_causal=True, enable_gqa=True)).endswith(
+        "+ backward tk.attention_bwd_sm90 (deterministic)")
     out = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
     grad_out = torch.randn_like(out)
     out.backward(grad_out)

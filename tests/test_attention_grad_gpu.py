@@ -283,7 +283,8 @@ def test_deterministic_mode_through_the_public_api():
     torch.use_deterministic_algorithms(True)
     try:
         with tk.strict():
-            assert str(tk.explain(*leaves, is_causal=True)).endswith("+ backward tk.attention_bwd_sm90")
+            assert str(tk.explain(*leaves, is_causal=True)).endswith(
+                "+ backward tk.attention_bwd_sm90 (deterministic)")
             runs = []
             for _ in range(3):
                 for t in leaves:

@@ -113,6 +113,8 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                        if not _is_view_that_conforms(t))
     nested = query.is_nested or key.is_nested or value.is_nested
     gqa = 1 if nested else max(1, query.shape[-3] // key.shape[-3])
+    backward_op = (f"tk.{family.backward_op_name}"
+                   if family is not None and needs_grad(query, key, value) else None)
     return AttentionPlan(
         uses_kernel=family is not None, reason=reason,
         kernel=family.name if family else None,
@@ -121,8 +123,8 @@ def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         dtype=query.dtype, head_dim=int(query.shape[-1]),
         causal=is_causal, lower_right=lower_right, gqa_ratio=gqa, copies=copies,
         strict=_config.strict_enabled(),
-        backward_op=(f"tk.{family.backward_op_name}"
-                     if family is not None and needs_grad(query, key, value) else None))
+        backward_op=backward_op,
+        deterministic_backward=backward_op is not None and torch.are_deterministic_algorithms_enabled())
 
 
 def _is_view_that_conforms(t: torch.Tensor) -> bool:

@@ -23,6 +23,9 @@ class AttentionPlan:
     copies: tuple[str, ...]         # inputs that get a .contiguous() copy on the kernel path
     strict: bool                    # strict mode: a fallback would raise FallbackError
     backward_op: str | None = None  # e.g. "tk.attention_bwd_sm90" when gradients are needed
+    # The backward would run in its deterministic mode (torch.use_deterministic_algorithms is on
+    # now; the setting is read again when the backward runs).
+    deterministic_backward: bool = False
     lower_right: bool = False       # causal diagonal bottom-right (causal_lower_right, Lq != Lk)
 
     def __str__(self) -> str:
@@ -35,7 +38,8 @@ class AttentionPlan:
         if self.gqa_ratio > 1:
             parts.append(f"gqa={self.gqa_ratio}")
         if self.backward_op:
-            parts.append(f"+ backward {self.backward_op}")
+            parts.append(f"+ backward {self.backward_op}"
+                         + (" (deterministic)" if self.deterministic_backward else ""))
         if self.copies:
             parts.append(f"(copies {', '.join(self.copies)} with .contiguous())")
         return " ".join(parts)
