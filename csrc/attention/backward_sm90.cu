@@ -541,9 +541,9 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
         kt::tma::cached_tensor_map<typename Sh::dkv_tile>(&dv_map, dv) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     const int group_size = p.heads_q / p.heads_kv;
-    const bool deterministic = p.dq_turns != nullptr;
+    const bool deterministic = p.dq_turns != nullptr, counted = CAUSAL || deterministic;
     int heads_per_group = 1;
-    if (CAUSAL || deterministic) {  // counted order; a kv head's tasks stream its group's Q and dO
+    if (counted) {  // the counted order; a kv head's tasks stream its group's Q and dO
         const int64_t streamed = 2 * int64_t(p.len_q) * D * sizeof(T) * group_size;
         heads_per_group = heads_sharing_l2(streamed, p.l2_bytes, int64_t(p.batch) * p.heads_kv);
     }
@@ -554,13 +554,12 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");
-    auto kernel = CAUSAL || deterministic ? backward_kernel_sm90<T, D, CAUSAL, true>
-                                          : backward_kernel_sm90<T, D, CAUSAL, CAUSAL>;
+    // The COUNTED kernel when deterministic; causal kernels always are.
+    auto kernel = deterministic ? backward_kernel_sm90<T, D, CAUSAL, true> : backward_kernel_sm90<T, D, CAUSAL, CAUSAL>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_kv, BLOCK_N)) * p.batch * p.heads_kv;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    if (p.multiprocessors <= 0 || ((CAUSAL || deterministic) && p.task_counter == nullptr))
-        return cudaErrorInvalidValue;
+    if (p.multiprocessors <= 0 || (counted && p.task_counter == nullptr)) return cudaErrorInvalidValue;
     const unsigned blocks = unsigned(tasks < p.multiprocessors ? tasks : p.multiprocessors);  // persistent
     kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();

@@ -2,10 +2,11 @@
 //
 // Encoding a map goes through the driver (microseconds), and a training loop calls the same
 // kernels on the same shapes over and over. A map depends only on the values in MapKey (the
-// address, dims, strides, tile box and element type; the swizzle follows from the box width in
-// bytes), so reusing one for a recycled address is still exact. (The element type, not just
-// its size: an fp16 map served for bf16 data would copy the same bits, but reduce-adds with it
-// would add the wrong numbers.) Thread-safe; bounded, since a long-running process sees many addresses.
+// address, dims, strides, tile box and element type; the element size and the swizzle follow
+// from those), so reusing one for a recycled address is still exact. (The type, not just its
+// size: an fp16 map served for bf16 data would copy the same bits, but reduce-adds with it
+// would add the wrong numbers.) Thread-safe; bounded, since a long-running process sees many
+// addresses.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,7 +21,7 @@ namespace detail {
 struct MapKey {
     const void* data;
     int64_t dims[4], strides[3];
-    int box_rows, box_cols, element_bytes, element_type;
+    int box_rows, box_cols, element_type;  // CUtensorMapDataType
     bool operator==(const MapKey&) const = default;
 };
 struct MapKeyHash {
@@ -29,7 +30,7 @@ struct MapKeyHash {
         auto mix = [&](int64_t v) { h = h * 1000003u ^ std::hash<int64_t>()(v); };
         for (int64_t v : k.dims) mix(v);
         for (int64_t v : k.strides) mix(v);
-        mix(k.box_rows), mix(k.box_cols), mix(k.element_bytes), mix(k.element_type);
+        mix(k.box_rows), mix(k.box_cols), mix(k.element_type);
         return h;
     }
 };
@@ -46,7 +47,6 @@ CUresult cached_tensor_map(CUtensorMap* map, const GL& g) {
                              {g.batch_stride, g.head_stride, g.row_stride},
                              ST::rows,
                              ST::panel_cols,
-                             int(sizeof(typename ST::dtype)),
                              int(data_type<typename ST::dtype>())};
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = cache.find(key); found != cache.end()) {
