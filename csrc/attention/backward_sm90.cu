@@ -76,6 +76,12 @@ template <int D> constexpr bool DEFER_DQ = D == 128;
 constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 
+// Deterministic mode: a staged dQ block for the keeper to reduce-add when its turn comes (query
+// block i of query head h of batch b, from key block kv_block; i < 0: the warpgroup is done).
+struct DqJob {
+    int b, h, i, kv_block;
+};
+
 template <typename T, int D>
 struct Shared {
     using kv_tile = kt::st<T, BLOCK_N, D>;
@@ -99,9 +105,13 @@ struct Shared {
     // the producer writes it before waiting for a K/V buffer, while the consumers may not yet
     // have read the KVB tasks before it.
     int task_index[KV_BUFFERS<D> + 1];
-    // Deterministic: the dQ turn each warpgroup's issuer has open (an index into dq_turns; -1:
-    // none). Kept here rather than in a register, which the d128 consumers have none to spare.
-    int open_turn[CONSUMERS];
+    // Deterministic: the dQ reduce-adds go through a keeper thread (see DqJob). Per warpgroup,
+    // the job it staged last, how many it has handed over (kept here: the d128 consumers have
+    // no register to spare), and the semaphores of the hand-over: staged (one arrival, the
+    // warpgroup's issuer) and free (one arrival, the keeper: the staging tile has been read).
+    DqJob dq_job[CONSUMERS];
+    int dq_jobs[CONSUMERS];
+    kt::semaphore dq_staged[CONSUMERS], dq_free[CONSUMERS];
     kt::semaphore kv_full[KV_BUFFERS<D>], kv_empty[KV_BUFFERS<D>], in_full[STAGES<D>], in_empty[STAGES<D>];
 };
 
@@ -180,9 +190,25 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             // loads (see the release at the end of step_body).
             kt::init_semaphore(sh.in_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
+        for (int c = 0; c < CONSUMERS; c++) {
+            kt::init_semaphore(sh.dq_staged[c], 1);
+            kt::init_semaphore(sh.dq_free[c], 1);
+            sh.dq_jobs[c] = 0;
+        }
         kt::fence_semaphore_init();
     }
     __syncthreads();
+
+    // Deterministic: the key blocks add into each dQ block in ascending order, taking turns at
+    // a global counter per dQ block (turns.cuh). A waiting turn must not hold up the
+    // consumers, so one producer thread, the keeper, does it: a consumer warpgroup stages its
+    // dQ block as usual and hands it over (dq_staged); the keeper waits for the block's turn,
+    // reduce-adds it, frees the staging tile once read (dq_free), and ends the turn once
+    // written. The collectors alternate between the warpgroups in ring order, and so does the
+    // keeper. Key block kv_block adds to dQ block i after key blocks 0 .. kv_block - 1: the
+    // blocks that see a query block are a prefix of the key blocks (causal masks hide a
+    // suffix), so its ticket is kv_block.
+    const bool keeper_mode = COUNTED && g.dq_turns != nullptr;
 
     const int warpgroup = kt::warpgroup_id();
     if (warpgroup == CONSUMERS) {  // producer
@@ -231,6 +257,24 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 load_inputs(t, early, t.steps);
                 ring += t.steps;
                 index = COUNTED ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
+            }
+        } else if (keeper_mode && threadIdx.x % (4 * kt::WARP_THREADS) == kt::WARP_THREADS) {
+            const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
+            int handed[CONSUMERS] = {}, stopped = 0;
+            for (int c = 0; stopped < CONSUMERS; c ^= 1) {
+                kt::wait(sh.dq_staged[c], handed[c]++ % 2);
+                const DqJob job = sh.dq_job[c];
+                if (job.i < 0) {
+                    stopped++;
+                    continue;
+                }
+                int* turn = g.dq_turns + (job.b * g.heads_q + job.h) * q_blocks + job.i;
+                kt::turns::wait_for_turn(turn, job.kv_block);
+                kt::tma::store_add_async(&g.dq_map, sh.staging[c].dq, kt::coord{job.b, job.h, job.i, 0});
+                kt::tma::store_commit();
+                kt::tma::store_wait_read<0>();
+                kt::arrive(sh.dq_free[c]);
+                kt::turns::end_turn(turn);
             }
         }
         return;
@@ -309,16 +353,17 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // complete dS^T(m): wait for the other half, issue, stage the result once done and
     // reduce-add it, free the dS^T buffer. `then` issues more products into the same wait
     // window (the step's dV/dK) after the dQ's commit.
-    // Deterministic: the issuer's turn at a dQ block, begun in collect_dq, ended (once the
-    // reduce-add is written) at its next collect_dq or at the end of the task, whichever
-    // comes first. Key block kv_block adds to dQ block i after key blocks 0 .. kv_block - 1:
-    // the blocks that see a query block are a prefix of the key blocks (causal masks hide a
-    // suffix), so its ticket is kv_block.
-    int& open_turn = sh.open_turn[consumer];
-    if (issuer) open_turn = -1;
-    auto end_turn = [&] {
-        if (COUNTED && open_turn >= 0) kt::turns::end_turn(g.dq_turns + open_turn);
-        open_turn = -1;
+    // (Issuer only.) The staging tile is free once this thread's own stores have read it, and
+    // in keeper mode once the keeper has read the last dQ block handed over.
+    auto wait_staging_free = [&] {
+        kt::tma::store_wait_read<0>();
+        const int jobs = sh.dq_jobs[consumer];
+        if (keeper_mode && jobs > 0) kt::wait(sh.dq_free[consumer], (jobs - 1) % 2);
+    };
+    auto hand_over = [&](const DqJob& job) {  // (issuer, keeper mode)
+        sh.dq_job[consumer] = job;
+        sh.dq_jobs[consumer]++;
+        kt::arrive(sh.dq_staged[consumer]);
     };
     auto collect_dq = [&](int b, int h, int i, int kv_block, int m, int kvs, auto&& then) {
         kt::warpgroup::sync_with<BOTH>(DS_READY + m % 2);  // the other half of dS^T(m) is stored
@@ -331,19 +376,18 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(dq);
         kt::warpgroup::arrive_at<BOTH>(DS_FREE + m % 2);
         auto& staging = sh.staging[consumer].dq;
-        if (issuer) kt::tma::store_wait_read<0>();  // the last store has read the staging tile
+        if (issuer) wait_staging_free();
         kt::warpgroup::sync(1 + consumer);
         kt::store(kt::subtile<16, D>(staging, warp, 0), dq);
         kt::fence_async_proxy();
         kt::warpgroup::sync(1 + consumer);
         if (issuer) {
-            if (COUNTED && g.dq_turns != nullptr) {  // deterministic: key blocks add in ascending order
-                end_turn();  // this thread's previous turn first: a block that waits holds none
-                open_turn = (b * g.heads_q + h) * kt::ceil_div(g.len_q, BLOCK_M) + i;
-                kt::turns::wait_for_turn(g.dq_turns + open_turn, kv_block);
+            if (keeper_mode) {
+                hand_over(DqJob{b, h, i, kv_block});
+            } else {
+                kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
+                kt::tma::store_commit();
             }
-            kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
-            kt::tma::store_commit();
         }
     };
     // Query block i of query head h (of batch b) against key block kv_block; n: the block's
@@ -480,9 +524,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             i = next_i, h = next_h;
         }
         ring = end;
-        // A block waiting for its turn may hold up the other warpgroup, and with it this one's
-        // open turn: so no turn stays open past its task.
-        if (issuer) end_turn();
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(sh.kv_empty[kvs]);  // K and V read: the next task's may load
 
@@ -490,7 +531,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         // reduce-add must have read it), TMA stores clipped at Lk.
         kt::mul(dk, dk, g.scale);
         auto& out = sh.staging[consumer].dkv;
-        if (issuer) kt::tma::store_wait_read<0>();
+        if (issuer) wait_staging_free();
         kt::warpgroup::sync(1 + consumer);
         kt::store(kt::subtile<16, D>(out[0], warp, 0), dk);  // converted to T on the way
         kt::store(kt::subtile<16, D>(out[1], warp, 0), dv);
@@ -510,6 +551,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     for (int n = max(ring - 2, 0); n < ring; n++)
         if (consumer != n % 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + n % 2);
     if (TAKE_TURNS && consumer == 0 && ring > 0) kt::warpgroup::sync_with<BOTH>(TURN);
+    if (issuer && keeper_mode) {  // the keeper stops once both warpgroups have said so
+        wait_staging_free();      // (it has read the last job before this one overwrites it)
+        hand_over(DqJob{0, 0, -1, 0});
+    }
     if (issuer) kt::tma::store_wait<0>();  // reduce-adds and stores done before the block ends
 #endif
 }
