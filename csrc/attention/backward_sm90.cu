@@ -5,7 +5,7 @@
 // rows) of every query head of its GQA group that can see its keys, which reduces dK and dV over
 // the group in registers (no atomics, deterministic). The grid is persistent (one block per SM):
 // non-causal tasks (all equal) go round robin, causal ones (uneven) heaviest first from a global
-// counter (so do non-causal ones in the deterministic mode, see COUNTED). A producer thread
+// counter (so do non-causal ones in the deterministic mode, see task_at). A producer thread
 // loads each task's K and V, and streams Q_i and dO_i, with their rows' statistics, through a
 // ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
 // land while this one finishes; at d64 K and V are double-buffered
@@ -105,14 +105,14 @@ struct Shared {
     // the producer writes it before waiting for a K/V buffer, while the consumers may not yet
     // have read the KVB tasks before it.
     int task_index[KV_BUFFERS<D> + 1];
+    kt::semaphore kv_full[KV_BUFFERS<D>], kv_empty[KV_BUFFERS<D>], in_full[STAGES<D>], in_empty[STAGES<D>];
     // Deterministic: the dQ reduce-adds go through a keeper thread (see DqJob). Per warpgroup,
-    // the job it staged last, how many it has handed over (kept here: the d128 consumers have
-    // no register to spare), and the semaphores of the hand-over: staged (one arrival, the
-    // warpgroup's issuer) and free (one arrival, the keeper: the staging tile has been read).
+    // the semaphores of the hand-over: staged (one arrival, the warpgroup's issuer) and free
+    // (one arrival, the keeper: the staging tile has been read); the job it staged last and
+    // how many it has handed over (kept here: the d128 consumers have no register to spare).
+    kt::semaphore dq_staged[CONSUMERS], dq_free[CONSUMERS];
     DqJob dq_job[CONSUMERS];
     int dq_jobs[CONSUMERS];
-    kt::semaphore dq_staged[CONSUMERS], dq_free[CONSUMERS];
-    kt::semaphore kv_full[KV_BUFFERS<D>], kv_empty[KV_BUFFERS<D>], in_full[STAGES<D>], in_empty[STAGES<D>];
 };
 
 template <typename T, int D>
@@ -137,11 +137,9 @@ struct Task {
 };
 
 // COUNTED: blocks take their tasks from the global counter (rather than round robin), heaviest
-// first (see task_at). Always when causal; also when deterministic (the host launches the
-// COUNTED kernel when dq_turns is set), as a block then waits for the key blocks before its own
-// to add their dQ, so it must only ever wait for tasks that running blocks have taken. (A
-// separate instantiation, not a run-time flag: the round-robin kernel's 24-register producer
-// spills with the counter's code beside it, which cost 1-5% of the non-causal fwd+bwd.)
+// first. Always when causal; also when deterministic, as a block then waits for the key blocks
+// before its own to add their dQ, so it must only ever wait for tasks that running blocks have
+// taken.
 template <bool CAUSAL, bool COUNTED, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_blocks = kt::ceil_div(g.len_kv, BLOCK_N), q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
@@ -166,7 +164,12 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     return t;
 }
 
-template <typename T, int D, bool CAUSAL, bool COUNTED>
+// DETERMINISTIC (g.dq_turns set): the dQ reduce-adds in a fixed order, through the keeper (see
+// below). A separate instantiation rather than a run-time flag, like COUNTED: code beside the
+// arrival-order path, even unused, costs it (the 24-register producer spilled with the
+// counter's code beside it, 1-5% of the non-causal fwd+bwd; the consumers lost uniform
+// registers to the issuer's turn bookkeeping, 3-5% of the non-causal backward).
+template <typename T, int D, bool CAUSAL, bool DETERMINISTIC>
 __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     backward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -174,6 +177,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
 #else
     using S = Shared<T, D>;
     constexpr int STAGES = attention::STAGES<D>, KVB = KV_BUFFERS<D>;
+    constexpr bool COUNTED = CAUSAL || DETERMINISTIC;
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
@@ -190,11 +194,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             // loads (see the release at the end of step_body).
             kt::init_semaphore(sh.in_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
-        for (int c = 0; c < CONSUMERS; c++) {
-            kt::init_semaphore(sh.dq_staged[c], 1);
-            kt::init_semaphore(sh.dq_free[c], 1);
-            sh.dq_jobs[c] = 0;
-        }
+        if constexpr (DETERMINISTIC)
+            for (int c = 0; c < CONSUMERS; c++) {
+                kt::init_semaphore(sh.dq_staged[c], 1);
+                kt::init_semaphore(sh.dq_free[c], 1);
+                sh.dq_jobs[c] = 0;
+            }
         kt::fence_semaphore_init();
     }
     __syncthreads();
@@ -208,7 +213,6 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // keeper. Key block kv_block adds to dQ block i after key blocks 0 .. kv_block - 1: the
     // blocks that see a query block are a prefix of the key blocks (causal masks hide a
     // suffix), so its ticket is kv_block.
-    const bool keeper_mode = COUNTED && g.dq_turns != nullptr;
 
     const int warpgroup = kt::warpgroup_id();
     if (warpgroup == CONSUMERS) {  // producer
@@ -258,7 +262,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 ring += t.steps;
                 index = COUNTED ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
             }
-        } else if (keeper_mode && threadIdx.x % (4 * kt::WARP_THREADS) == kt::WARP_THREADS) {
+        } else if (DETERMINISTIC && threadIdx.x % (4 * kt::WARP_THREADS) == kt::WARP_THREADS) {  // keeper
             const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
             int handed[CONSUMERS] = {}, stopped = 0;
             for (int c = 0; stopped < CONSUMERS; c ^= 1) {
@@ -354,13 +358,13 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // reduce-add it, free the dS^T buffer. `then` issues more products into the same wait
     // window (the step's dV/dK) after the dQ's commit.
     // (Issuer only.) The staging tile is free once this thread's own stores have read it, and
-    // in keeper mode once the keeper has read the last dQ block handed over.
+    // when deterministic once the keeper has read the last dQ block handed over.
     auto wait_staging_free = [&] {
         kt::tma::store_wait_read<0>();
-        const int jobs = sh.dq_jobs[consumer];
-        if (keeper_mode && jobs > 0) kt::wait(sh.dq_free[consumer], (jobs - 1) % 2);
+        if constexpr (DETERMINISTIC)
+            if (const int jobs = sh.dq_jobs[consumer]; jobs > 0) kt::wait(sh.dq_free[consumer], (jobs - 1) % 2);
     };
-    auto hand_over = [&](const DqJob& job) {  // (issuer, keeper mode)
+    auto hand_over = [&](const DqJob& job) {  // (issuer, deterministic)
         sh.dq_job[consumer] = job;
         sh.dq_jobs[consumer]++;
         kt::arrive(sh.dq_staged[consumer]);
@@ -382,7 +386,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::fence_async_proxy();
         kt::warpgroup::sync(1 + consumer);
         if (issuer) {
-            if (keeper_mode) {
+            if constexpr (DETERMINISTIC) {
                 hand_over(DqJob{b, h, i, kv_block});
             } else {
                 kt::tma::store_add_async(&g.dq_map, staging, kt::coord{b, h, i, 0});
@@ -551,10 +555,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     for (int n = max(ring - 2, 0); n < ring; n++)
         if (consumer != n % 2) kt::warpgroup::sync_with<BOTH>(DS_FREE + n % 2);
     if (TAKE_TURNS && consumer == 0 && ring > 0) kt::warpgroup::sync_with<BOTH>(TURN);
-    if (issuer && keeper_mode) {  // the keeper stops once both warpgroups have said so
-        wait_staging_free();      // (it has read the last job before this one overwrites it)
-        hand_over(DqJob{0, 0, -1, 0});
-    }
+    if constexpr (DETERMINISTIC)
+        if (issuer) {            // the keeper stops once both warpgroups have said so
+            wait_staging_free();  // (it has read the last job before this one overwrites it)
+            hand_over(DqJob{0, 0, -1, 0});
+        }
     if (issuer) kt::tma::store_wait<0>();  // reduce-adds and stores done before the block ends
 #endif
 }
@@ -599,8 +604,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");
-    // The COUNTED kernel when deterministic; causal kernels always are.
-    auto kernel = deterministic ? backward_kernel_sm90<T, D, CAUSAL, true> : backward_kernel_sm90<T, D, CAUSAL, CAUSAL>;
+    auto kernel = deterministic ? backward_kernel_sm90<T, D, CAUSAL, true> : backward_kernel_sm90<T, D, CAUSAL, false>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int64_t tasks = int64_t(kt::ceil_div(p.len_kv, BLOCK_N)) * p.batch * p.heads_kv;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
