@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import thunderkittens as tk
 from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, attention_cases, case_id
+from fresh_thread import call_in_new_thread
 
 pytestmark = pytest.mark.gpu
 
@@ -300,6 +301,20 @@ def test_second_device(kernel):
     torch.cuda.synchronize(1)
     assert torch.equal(out, out2)
     assert_close_to_reference(out, q, k, v, True, 1 / math.sqrt(128), lse)
+
+
+def test_first_cuda_call_of_a_new_thread(kernel):
+    """The op as the first CUDA work of a fresh thread (shape used nowhere else, so its tensor
+    maps are made there; NaN output blocks freed beforehand, so the thread allocates nothing)."""
+    seeded("thread", kernel)
+    q, k, v = make_qkv(1, 3, 3, 333, 271, 64, torch.bfloat16)
+    poison_out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)
+    poison_lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
+    addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
+    del poison_out, poison_lse
+    out, lse = call_in_new_thread(lambda: KERNEL_OPS[kernel](q, k, v, True, 0.125, False))
+    assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
+    assert_close_to_reference(out, q, k, v, True, 0.125, lse)
 
 
 def test_runs_on_the_current_stream():

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import thunderkittens as tk
+from fresh_thread import call_in_new_thread
 
 pytestmark = pytest.mark.gpu
 
@@ -268,6 +269,25 @@ def test_gradients_match_reference(kernel, case, dtype):
     assert grad_a.dtype == dtype and grad_b.dtype == dtype
     assert_close(grad_a, ref_grad_a, torch_grad_a, "grad a")
     assert_close(grad_b, ref_grad_b, torch_grad_b, "grad b")
+
+
+def test_first_cuda_call_of_a_new_thread(kernel):
+    """The op as the first CUDA work of a fresh thread, on a shape no other test uses (so its
+    tensor maps are encoded there, not served from the cache), with its output block freed
+    beforehand (so the thread makes no allocation that would set up its context first)."""
+    seeded("thread")
+    a, b = randn((777, 264), torch.bfloat16), randn((264, 520), torch.bfloat16)
+    poison = torch.full((777, 520), math.nan, dtype=torch.bfloat16, device="cuda")
+    address = poison.data_ptr()
+    del poison
+
+    def product():
+        with tk.strict():
+            return tk.matmul(a, b)
+
+    out = call_in_new_thread(product)
+    assert out.data_ptr() == address, "the output did not reuse the NaN block"
+    assert_close_to_reference(out, a, b)
 
 
 def test_gradient_of_one_operand_only(kernel):

@@ -56,6 +56,12 @@ CUresult make_tensor_map(CUtensorMap* map, const GL& g) {
     static_assert(ST::rows <= 256 && ST::panel_cols <= 256, "make_tensor_map: TMA boxes are at most 256 per dim");
     auto encode = encoder();
     if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    // The encoder is a driver call: it needs a current context on this thread, which a thread
+    // has only once some runtime call has made the device's primary context current. Torch's
+    // autograd threads (and a user's own threads) may reach us before any such call, and the
+    // encode then fails with CUDA_ERROR_INVALID_CONTEXT. Setting the runtime's device does it.
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return CUDA_ERROR_INVALID_CONTEXT;
     const cuuint64_t dims[4] = {cuuint64_t(g.cols()), cuuint64_t(g.rows()), cuuint64_t(g.heads()),
                                 cuuint64_t(g.batch())};
     const cuuint64_t strides[3] = {cuuint64_t(g.row_stride) * sizeof(T), cuuint64_t(g.head_stride) * sizeof(T),
