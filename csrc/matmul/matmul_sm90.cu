@@ -2,16 +2,17 @@
 // or fp16 in, fp32 accumulation, C in the input type. Written on the core's
 // load/compute/finish template (kittens/hopper/pipeline.cuh):
 //
-// - one task is a 128 x 256 tile of C; a persistent grid walks the tasks in groups of 8
-//   tile-rows so that blocks running together share A rows and B columns in L2;
+// - one task is a 128 x 256 tile of C (128 x 128 when 128 x 256 tiles would leave SMs idle:
+//   fewer tiles than SMs); a persistent grid walks the tasks in groups of 8 tile-rows so that
+//   blocks running together share A rows and B columns in L2;
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
-// - two consumer warpgroups each own 64 rows and issue wgmma 64x256x16 from shared
+// - two consumer warpgroups each own 64 rows and issue wgmma 64xBNx16 from shared
 //   memory, keeping one wgmma group in flight (release_lag = 1) so the tensor cores do
 //   not drain at every stage;
 // - transposed operands are read as they are: a column-major A or B is loaded as its
 //   row-major transpose and fed to wgmma as an MN-major / K-major operand;
-// - the epilogue converts a consumer's 64 x 256 accumulator in 64-column chunks into two
+// - the epilogue converts a consumer's 64 x BN accumulator in 64-column chunks into two
 //   alternating shared buffers and writes them with TMA stores, which clip at the matrix
 //   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
 //   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
@@ -30,12 +31,14 @@ namespace {
 
 namespace kt = kittens;
 
-constexpr int BM = 128, BN = 256, BK = 64;
+constexpr int BM = 128, BK = 64;
+constexpr int WIDE = 256, NARROW = 128;  // the tile widths (BN)
 constexpr int STAGES = 4;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 
-template <typename T, bool A_T, bool B_T, bool C_TMA>
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN>
 struct Layout {
+    static_assert(BN == WIDE || BN == NARROW, "matmul: tiles are 256 or 128 columns wide");
     static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
@@ -148,9 +151,9 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
                      int64_t(r) * op.leading_stride, op.leading_stride);
 }
 
-template <typename T, bool A_T, bool B_T, bool C_TMA>
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN>
 cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
-    using L = Layout<T, A_T, B_T, C_TMA>;
+    using L = Layout<T, A_T, B_T, C_TMA, BN>;
     const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
     const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
     CUtensorMap a_map, b_map, c_map{};
@@ -175,27 +178,44 @@ cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
 }
 
 // The instantiations: one row per (element type, A column-major, B column-major, C rows
-// addressable by TMA).
+// addressable by TMA, tile width). Narrow tiles only with TMA stores of C (the common case).
 struct Entry {
     ElementType dtype;
     bool a_transposed, b_transposed, c_tma;
+    int bn;
     cudaError_t (*run)(const MatmulParams&, cudaStream_t);
 };
 template <typename T, ElementType E>
 constexpr Entry entries[] = {
-    {E, false, false, true, launch<T, false, false, true>},  {E, false, true, true, launch<T, false, true, true>},
-    {E, true, false, true, launch<T, true, false, true>},    {E, true, true, true, launch<T, true, true, true>},
-    {E, false, false, false, launch<T, false, false, false>}, {E, false, true, false, launch<T, false, true, false>},
-    {E, true, false, false, launch<T, true, false, false>},   {E, true, true, false, launch<T, true, true, false>},
+    {E, false, false, true, WIDE, launch<T, false, false, true, WIDE>},
+    {E, false, true, true, WIDE, launch<T, false, true, true, WIDE>},
+    {E, true, false, true, WIDE, launch<T, true, false, true, WIDE>},
+    {E, true, true, true, WIDE, launch<T, true, true, true, WIDE>},
+    {E, false, false, false, WIDE, launch<T, false, false, false, WIDE>},
+    {E, false, true, false, WIDE, launch<T, false, true, false, WIDE>},
+    {E, true, false, false, WIDE, launch<T, true, false, false, WIDE>},
+    {E, true, true, false, WIDE, launch<T, true, true, false, WIDE>},
+    {E, false, false, true, NARROW, launch<T, false, false, true, NARROW>},
+    {E, false, true, true, NARROW, launch<T, false, true, true, NARROW>},
+    {E, true, false, true, NARROW, launch<T, true, false, true, NARROW>},
+    {E, true, true, true, NARROW, launch<T, true, true, true, NARROW>},
 };
+
+// Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
+// give twice the blocks (and half the K loop's work per block).
+int tile_width(const MatmulParams& p, bool c_tma) {
+    const int64_t wide_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, WIDE) * p.batch;
+    return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
+}
 
 }  // namespace
 
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
     const bool c_tma = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
+    const int bn = tile_width(p, c_tma);
     auto matches = [&](const Entry& e) {
         return e.dtype == p.dtype && e.a_transposed == p.a.transposed && e.b_transposed == p.b.transposed &&
-               e.c_tma == c_tma;
+               e.c_tma == c_tma && e.bn == bn;
     };
     for (const Entry& e : entries<kt::bf16, ElementType::bf16>)
         if (matches(e)) return e.run(p, stream);
