@@ -1,6 +1,6 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma + warp specialisation.
 //
-// A task is BLOCK_M = 128 (d128) or 192 (d64) query rows of one (batch, head); a persistent
+// A task is 64 query rows per consumer warpgroup (C = 2 or 3, see CONSUMERS) of one (batch, head); a persistent
 // grid of one block per SM walks the tasks. The last warpgroup is the producer: one thread TMA-loads each task's Q (two
 // buffers, so the next task's Q lands during this one) and K and V tiles of BLOCK_N = 128
 // keys into a ring of stages (K and V on separate semaphores, so scores can start before V
@@ -36,16 +36,19 @@ namespace {
 
 namespace kt = kittens;
 
-// Consumer warpgroups (64 query rows each) per head dim: at d64 the tensor work per key tile
-// halves while the softmax does not, so a third warpgroup keeps the tensor cores fed; at d128
-// two warpgroups get 240 registers each, which O, S and P need.
+// Consumer warpgroups C (64 query rows each), a kernel parameter picked per launch
+// (Sm90Forward::run): at d64 the tensor work per key tile halves while the softmax does not, so
+// a third warpgroup keeps the tensor cores fed; at d128 two warpgroups get 240 registers each,
+// which O, S and P need. Short causal d64 runs with two: smaller tasks balance better there
+// (measured, session 10, tk/cuDNN forward at b16 h16: n768 0.91 -> 0.95, n1536 and n2048
+// 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98).
 template <int D> constexpr int CONSUMERS = D <= 64 ? 3 : 2;
-template <int D> constexpr int BLOCK_M = 64 * CONSUMERS<D>;  // query rows per task
+constexpr int SHORT_CAUSAL_D64_MAX_LEN = 2048;  // len_q up to which d64 causal uses two
 constexpr int BLOCK_N = 128;               // keys per tile
 constexpr int PRODUCER_REGISTERS = 24;
 // What the register file leaves each consumer thread once the producer has given its share back
 // (the launch gives every thread 65536 / threads, rounded down to 8).
-template <int D> constexpr int CONSUMER_REGISTERS = CONSUMERS<D> == 2 ? 240 : 160;
+template <int C> constexpr int CONSUMER_REGISTERS = C == 2 ? 240 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
@@ -57,15 +60,15 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 // consumers spill at the task boundary) lose, so they keep one task at a time.
 template <int D, bool CAUSAL> constexpr bool OVERLAP_TASKS = D == 128 && !CAUSAL;
 
-template <typename T, int D>
+template <typename T, int D, int C>
 struct Shared {
-    using q_tile = kt::st<T, BLOCK_M<D>, D>;
+    using q_tile = kt::st<T, 64 * C, D>;
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
     q_tile q[2];  // this task's and the next one's
     int task_index[2];  // the task behind each Q buffer (-1: no more tasks), set by the producer
     kv_tile k[STAGES<D>], v[STAGES<D>];
-    o_tile o[CONSUMERS<D>];
+    o_tile o[C];
     kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
         v_empty[STAGES<D>];
 };
@@ -81,14 +84,13 @@ struct Globals {
     float scale_log2;
 };
 
-// One unit of work: 128 query rows of one (batch, head), and the key tiles they need.
+// One unit of work: 64 C query rows of one (batch, head), and the key tiles they need.
 struct Task {
     int b, h, h_kv, q_block, tiles, unmasked;
 };
 
-template <int D, bool CAUSAL, typename G>
+template <int BLOCK_M, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
-    constexpr int BLOCK_M = attention::BLOCK_M<D>;
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
@@ -113,14 +115,14 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     return t;
 }
 
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
+template <typename T, int D, bool CAUSAL, int C>
+__global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     forward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
-    constexpr int CONSUMERS = attention::CONSUMERS<D>, BLOCK_M = attention::BLOCK_M<D>;
-    using S = Shared<T, D>;
+    constexpr int CONSUMERS = C, BLOCK_M = 64 * C;
+    using S = Shared<T, D, C>;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
                     kt::arrive(sh.q_full[qs]);
                     break;
                 }
-                const Task t = task_at<D, CAUSAL>(index, g);
+                const Task t = task_at<BLOCK_M, CAUSAL>(index, g);
                 kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
                 kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
     }
 
     // ---- consumers ----
-    kt::increase_registers<CONSUMER_REGISTERS<D>>();
+    kt::increase_registers<CONSUMER_REGISTERS<C>>();
     const int consumer = warpgroup, warp = kt::warpgroup::warp();
     const bool issuer = kt::warpgroup::thread() == 0;  // issues this warpgroup's O stores
 
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__((CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, 1)
         const int qs = local % 2;
         kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
         const int index = sh.task_index[qs];
-        const Task t = index < 0 ? Task{} : task_at<D, CAUSAL>(index, g);  // no more tasks: no tiles
+        const Task t = index < 0 ? Task{} : task_at<BLOCK_M, CAUSAL>(index, g);  // no more tasks: no tiles
         if (t.tiles == 0 && pending) {  // the pending task's last P V, with nothing to overlap
             my_turn();
             issue_pv(last_v);
@@ -410,10 +412,11 @@ struct Sm90Forward {
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
 };
 
-template <typename T, int D, bool CAUSAL>
-cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
+// The kernel with C consumer warpgroups.
+template <typename T, int D, bool CAUSAL, int C>
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     using G = Globals<T, D>;
-    using Sh = Shared<T, D>;
+    using Sh = Shared<T, D, C>;
     G g{};
     const kt::gl<T> q = head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
     const kt::gl<T> k = head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
@@ -438,15 +441,22 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
-    auto kernel = forward_kernel_sm90<T, D, CAUSAL>;
+    auto kernel = forward_kernel_sm90<T, D, CAUSAL, C>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, BLOCK_M<D>)) * p.batch * p.heads_q;
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * C)) * p.batch * p.heads_q;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     const int sms = p.multiprocessors;
     if (sms <= 0) return cudaErrorInvalidDevice;
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
-    kernel<<<blocks, (CONSUMERS<D> + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
+    kernel<<<blocks, (C + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
     return cudaGetLastError();
+}
+
+template <typename T, int D, bool CAUSAL>
+cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
+    if constexpr (D == 64 && CAUSAL)
+        if (p.len_q <= SHORT_CAUSAL_D64_MAX_LEN) return launch<T, D, CAUSAL, 2>(p, stream);
+    return launch<T, D, CAUSAL, CONSUMERS<D>>(p, stream);
 }
 
 }  // namespace
