@@ -187,7 +187,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < KVB; s++) {
             kt::init_semaphore(sh.kv_full[s], 1);
-            kt::init_semaphore(sh.kv_empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            // Every consumer thread releases the buffer: each read the task index beside it (see
+            // the release at the end of a task).
+            kt::init_semaphore(sh.kv_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
         for (int s = 0; s < STAGES; s++) {
             kt::init_semaphore(sh.in_full[s], 1);
@@ -529,8 +531,11 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             i = next_i, h = next_h;
         }
         ring = end;
-        __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(sh.kv_empty[kvs]);  // K and V read: the next task's may load
+        // K, V and the task index read: the next task's may load. Each thread arrives for its
+        // own task_index read, for racecheck as with the statistics (step_body): with one
+        // arrival per warp it reported the producer's next write to the slot as a hazard once
+        // a block took more tasks than there are slots (session 10).
+        kt::arrive(sh.kv_empty[kvs]);
 
         // Epilogue: dK (scaled) and dV through this warpgroup's staging tile (its last dQ
         // reduce-add must have read it), TMA stores clipped at Lk.

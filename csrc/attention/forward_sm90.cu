@@ -132,7 +132,10 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
             kt::init_semaphore(sh.q_full[s], 1);
-            kt::init_semaphore(sh.q_empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            // Every consumer thread arrives: each read the task index beside the Q buffer, and
+            // racecheck orders a thread's read before the producer's next write only through
+            // that thread's own arrival (as in the backward).
+            kt::init_semaphore(sh.q_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
         for (int s = 0; s < ST; s++) {
             kt::init_semaphore(sh.k_full[s], 1);
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         }
         if (index < 0) break;
         if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
-            release(sh.q_empty[qs]);
+            kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
             start_rows();
             close_rows(t);
@@ -363,7 +366,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                 store_output(finishing);
             }
         }
-        if (t.tiles == 1) release(sh.q_empty[qs]);
+        if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
         kt::zero(o);
         kt::copy(p, s);
 
@@ -378,7 +381,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             kt::wgmma::wait<1>();  // S_j is done
             kt::wgmma::fence_operand(s);
             release(sh.k_empty[(ring + j) % ST]);
-            if (j == t.tiles - 1) release(sh.q_empty[qs]);
+            if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
             row_values rescale;
             softmax.template operator()<MASKED>(row0, j * BLOCK_N, rescale);
             pv_done(ring + j - 1);
