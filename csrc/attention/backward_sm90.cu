@@ -169,7 +169,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
 // below). A separate instantiation rather than a run-time flag, like COUNTED: code beside the
 // arrival-order path, even unused, costs it (the 24-register producer spilled with the
 // counter's code beside it, 1-5% of the non-causal fwd+bwd; the consumers lost uniform
-// registers to the issuer's turn bookkeeping, 3-5% of the non-causal backward).
+// registers to the issuer's turn bookkeeping, 4-7% of the non-causal backward kernel).
 template <typename T, int D, bool CAUSAL, bool DETERMINISTIC>
 __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     backward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
