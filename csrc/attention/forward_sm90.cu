@@ -1,10 +1,11 @@
 // Attention forward on Hopper (sm_90a): TMA + wgmma + warp specialisation.
 //
-// A task is 64 query rows per consumer warpgroup (C = 2 or 3, see CONSUMERS) of one (batch, head); a persistent
-// grid of one block per SM walks the tasks. The last warpgroup is the producer: one thread TMA-loads each task's Q (two
-// buffers, so the next task's Q lands during this one) and K and V tiles of BLOCK_N = 128
-// keys into a ring of stages (K and V on separate semaphores, so scores can start before V
-// lands), running ahead into the next task while the consumers finish the current one.
+// A task is 64 query rows per consumer warpgroup (C = 2 or 3, see CONSUMERS) of one
+// (batch, head); a persistent grid of one block per SM walks the tasks. The last warpgroup is
+// the producer: one thread TMA-loads each task's Q (two buffers, so the next task's Q lands
+// during this one) and K and V tiles of BLOCK_N = 128 keys into a ring of stages (K and V on
+// separate semaphores, so scores can start before V lands), running ahead into the next task
+// while the consumers finish the current one.
 // The other warpgroups are consumers, 64 query rows each, with the registers the producer
 // gave up (setmaxnreg). Per key tile j a consumer runs
 //   S_j = Q K_j^T                 wgmma, A = Q and B = K from shared memory
