@@ -61,7 +61,8 @@ CUresult make_tensor_map(CUtensorMap* map, const GL& g) {
     // autograd threads (and a user's own threads) may reach us before any such call, and the
     // encode then fails with CUDA_ERROR_INVALID_CONTEXT. Setting the runtime's device does it.
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return CUDA_ERROR_INVALID_CONTEXT;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaSetDevice(device) != cudaSuccess)
+        return CUDA_ERROR_INVALID_CONTEXT;
     const cuuint64_t dims[4] = {cuuint64_t(g.cols()), cuuint64_t(g.rows()), cuuint64_t(g.heads()),
                                 cuuint64_t(g.batch())};
     const cuuint64_t strides[3] = {cuuint64_t(g.row_stride) * sizeof(T), cuuint64_t(g.head_stride) * sizeof(T),
