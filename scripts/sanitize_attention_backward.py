@@ -7,7 +7,8 @@ checked against float64 gradients computed on the CPU.
 Calls the sm90 forward and backward ops directly (no fallback can hide a kernel problem) on
 partial tiles, Lq != Lk both ways, both dtypes and head dims, causal and not (and lower-right
 causal with Lq > Lk and Lq < Lk), and GQA; some also in the deterministic mode (ordered dq
-reduce-adds between blocks, spinning on global turn counters). Needs an sm_90 GPU; exits non-zero on any mismatch.
+reduce-adds between blocks, spinning on global turn counters). Needs an sm_90 GPU; exits
+non-zero on any mismatch.
 """
 
 import itertools

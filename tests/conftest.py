@@ -104,6 +104,18 @@ def kernel_readable(t):
 
 
 @pytest.fixture
+def deterministic():
+    """Turns torch's deterministic mode on for the test: deterministic(warn_only=...)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+    def turn_on(warn_only=False):
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+
+    yield turn_on
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.fixture
 def cpu_kernel(monkeypatch):
     from thunderkittens._attention import plan
     standin = AttentionStandIn(monkeypatch)

@@ -70,13 +70,15 @@ def make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype, device="c
             randn((batch, heads_kv, len_kv, head_dim), dtype, device))
 
 
-def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80", lower_right=False):
+def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80", lower_right=False,
+                               in_new_thread=False):
     """Call the op so that its outputs land in memory that was just filled with NaN.
 
     The caching allocator hands a freed block back to the next request of the same size on the
     same stream; allocating NaN tensors of the op's output sizes in the op's order, freeing them
     and calling the op makes the op's outputs reuse exactly those blocks (asserted), so any
-    element the kernel forgets to write stays NaN.
+    element the kernel forgets to write stays NaN. in_new_thread: the op (only) runs as the
+    first CUDA work of a new thread, which then allocates nothing.
     """
     batch, heads_q, len_q, head_dim = q.shape
     poison_out = torch.full((batch, heads_q, len_q, head_dim), math.nan, dtype=q.dtype,
@@ -85,7 +87,10 @@ def call_op_on_poisoned_memory(q, k, v, causal, scale, kernel="sm80", lower_righ
                             device=q.device)
     addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
     del poison_out, poison_lse
-    out, lse = KERNEL_OPS[kernel](q, k, v, causal, scale, lower_right)
+    def op():
+        return KERNEL_OPS[kernel](q, k, v, causal, scale, lower_right)
+
+    out, lse = call_in_new_thread(op) if in_new_thread else op()
     assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
     return out, lse
 
@@ -308,12 +313,7 @@ def test_first_cuda_call_of_a_new_thread(kernel):
     maps are made there; NaN output blocks freed beforehand, so the thread allocates nothing)."""
     seeded("thread", kernel)
     q, k, v = make_qkv(1, 3, 3, 333, 271, 64, torch.bfloat16)
-    poison_out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)
-    poison_lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
-    addresses = (poison_out.data_ptr(), poison_lse.data_ptr())
-    del poison_out, poison_lse
-    out, lse = call_in_new_thread(lambda: KERNEL_OPS[kernel](q, k, v, True, 0.125, False))
-    assert (out.data_ptr(), lse.data_ptr()) == addresses, "outputs did not reuse the NaN blocks"
+    out, lse = call_op_on_poisoned_memory(q, k, v, True, 0.125, kernel, in_new_thread=True)
     assert_close_to_reference(out, q, k, v, True, 0.125, lse)
 
 

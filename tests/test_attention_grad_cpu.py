@@ -369,18 +369,6 @@ def test_double_backward_raises(cpu_kernel):
 # ---- torch.use_deterministic_algorithms -------------------------------------------------------
 
 
-@pytest.fixture
-def deterministic():
-    """Turns torch's deterministic mode on for the test: deterministic(warn_only=...)."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-
-    def turn_on(warn_only=False):
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
-
-    yield turn_on
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
 def test_deterministic_mode_runs_the_deterministic_backward(cpu_kernel, deterministic):
     # The sm90 backward has a deterministic mode (dq added over key blocks in a fixed order):
     # torch's deterministic mode selects it, so training stays on the kernel.

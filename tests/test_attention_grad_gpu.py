@@ -275,24 +275,20 @@ def test_deterministic_backward_is_bitwise_repeatable(case, dtype):
     torch.cuda.synchronize()
 
 
-def test_deterministic_mode_through_the_public_api():
+def test_deterministic_mode_through_the_public_api(deterministic):
     seeded("deterministic-public")
     leaves = [randn((2, 8, 1100, 64), torch.bfloat16).requires_grad_() for _ in range(3)]
     grad_out = randn((2, 8, 1100, 64), torch.bfloat16)
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        with tk.strict():
-            assert str(tk.explain(*leaves, is_causal=True)).endswith(
-                "+ backward tk.attention_bwd_sm90 (deterministic)")
-            runs = []
-            for _ in range(3):
-                for t in leaves:
-                    t.grad = None
-                tk.attention(*leaves, is_causal=True).backward(grad_out)
-                runs.append([t.grad.clone() for t in leaves])
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    deterministic()
+    with tk.strict():
+        assert str(tk.explain(*leaves, is_causal=True)).endswith(
+            "+ backward tk.attention_bwd_sm90 (deterministic)")
+        runs = []
+        for _ in range(3):
+            for t in leaves:
+                t.grad = None
+            tk.attention(*leaves, is_causal=True).backward(grad_out)
+            runs.append([t.grad.clone() for t in leaves])
     for later in runs[1:]:
         for a, b in zip(runs[0], later):
             assert torch.equal(a, b)

@@ -77,20 +77,25 @@ def assert_close_to_reference(out, a, b):
     assert_close(out, torch.matmul(a.double(), b.double()), torch.matmul(a, b))
 
 
-def call_op_on_poisoned_memory(a3, b3):
+def call_op_on_poisoned_memory(a3, b3, in_new_thread=False):
     """Call the op so that its output lands in memory that was just filled with NaN.
 
     The caching allocator hands a freed block back to the next request of the same size on the
     same stream; allocating a NaN tensor of the output's size, freeing it and calling the op
     makes the output reuse exactly that block (asserted), so any element the kernel forgets to
-    write stays NaN.
+    write stays NaN. in_new_thread: the op (only) runs as the first CUDA work of a new thread,
+    which then allocates nothing.
     """
     batch = max(a3.shape[0], b3.shape[0])
     poison = torch.full((batch, a3.shape[1], b3.shape[2]), math.nan, dtype=a3.dtype,
                         device=a3.device)
     address = poison.data_ptr()
     del poison
-    out = torch.ops.tk.matmul(a3, b3)
+
+    def op():
+        return torch.ops.tk.matmul(a3, b3)
+
+    out = call_in_new_thread(op) if in_new_thread else op()
     assert out.data_ptr() == address, "the output did not reuse the NaN block"
     return out
 
@@ -277,16 +282,7 @@ def test_first_cuda_call_of_a_new_thread(kernel):
     beforehand (so the thread makes no allocation that would set up its context first)."""
     seeded("thread")
     a, b = randn((777, 264), torch.bfloat16), randn((264, 520), torch.bfloat16)
-    poison = torch.full((777, 520), math.nan, dtype=torch.bfloat16, device="cuda")
-    address = poison.data_ptr()
-    del poison
-
-    def product():
-        with tk.strict():
-            return tk.matmul(a, b)
-
-    out = call_in_new_thread(product)
-    assert out.data_ptr() == address, "the output did not reuse the NaN block"
+    out = call_op_on_poisoned_memory(a.unsqueeze(0), b.unsqueeze(0), in_new_thread=True)[0]
     assert_close_to_reference(out, a, b)
 
 
