@@ -257,6 +257,9 @@ def _tile_ops():
         35: ("zero", lambda a, b, v, u: torch.zeros_like(a), "tile", False),
         36: ("one", lambda a, b, v, u: torch.ones_like(a), "tile", False),
         37: ("neg_infty", lambda a, b, v, u: torch.full_like(a, -torch.inf), "tile", False),
+        38: ("mask_cols_after", lambda a, b, v, u: torch.where(_cols <= 2 * _rows - 5, a, -torch.inf), "tile", False),
+        39: ("mask_cols_before", lambda a, b, v, u: torch.where(_cols >= 60 - 2 * _rows, a, -torch.inf), "tile",
+             False),
     }
     for i, (name, f) in enumerate(BINARY):
         # Tensor right-hand sides everywhere: torch divides by a scalar as a multiply by
@@ -292,7 +295,7 @@ def test_tile_op(core, dtype, layout, op):
     v, u = randn(1, OP_ROWS), randn(1, OP_COLS)  # register vectors are float
     out = nans(OP_ROWS, OP_COLS, dtype=dtype)
     vec_out = nans(1, OP_COLS)
-    core.tile_op(CODES[dtype], layout, op, gl(a), gl(b), gl(v), gl(u), -torch.inf if name == "mask_causal" else SCALAR,
+    core.tile_op(CODES[dtype], layout, op, gl(a), gl(b), gl(v), gl(u), -torch.inf if name.startswith("mask") else SCALAR,
                  gl(out), gl(vec_out), stream())
 
     # Reference: float math on the rounded inputs, rounded like the core rounds.

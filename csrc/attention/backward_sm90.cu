@@ -433,7 +433,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::mul(s_t, s_t, g.scale_log2);
         if (CAUSAL && masked) {
             const int visible_to = i * BLOCK_M + g.causal_offset;  // key <= query + offset
-            kt::mask(s_t, [&](int r, int c) { return my_key0 + r <= visible_to + c; }, kt::neg_infinity());
+            // Key my_key0 + r is visible to query column c iff my_key0 + r <= visible_to + c.
+            kt::mask_cols_before(s_t, [&](int r) { return my_key0 + r - visible_to; }, kt::neg_infinity());
         }
         kt::exp2(s_t, s_t);  // P^T
         kt::wgmma::wait<0>();  // dP^T_n done
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     for (int local = 0;; local++) {
         const int kvs = local % KVB;
         kt::wait(sh.kv_full[kvs], (local / KVB) % 2);  // also publishes the producer's task_index
-        const int index = sh.task_index[local % (KVB + 1)];
+        const int index = __reduce_min_sync(0xffffffffu, sh.task_index[local % (KVB + 1)]);
         if (index < 0) break;
         if constexpr (KV_IN_REGISTERS<D>) {
             kt::load(k_reg, kt::subtile<16, D>(sh.k[kvs], consumer * 4 + warp, 0));

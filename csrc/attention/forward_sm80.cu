@@ -143,9 +143,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::mma_ABt(s, q_slice, k_slice, s);
         }
         if constexpr (MASKED) {
-            kt::mask(s, [&](int r, int c) {
-                const int key = kv_col0 + c;
-                return key < len_kv && (!CAUSAL || key <= diag0 + r);
+            // Key kv_col0 + c is visible to row r iff it is < Lk and (causal) <= diag0 + r.
+            const int last_key = len_kv - 1 - kv_col0;
+            kt::mask_cols_after(s, [&](int r) {
+                return CAUSAL ? min(last_key, diag0 + r - kv_col0) : last_key;
             }, kt::neg_infinity());
         }
 

@@ -16,6 +16,8 @@ enum tile_op_id : int {
     OP_BIN_ROW = 20,     // 20..25  d = a (op) v[row]   (add_row, ...)
     OP_BIN_COL = 26,     // 26..31  d = a (op) u[col]   (add_col, ...)
     OP_BROADCAST_ROW = 32, OP_BROADCAST_COL, OP_MASK, OP_ZERO, OP_ONE, OP_NEG_INFTY,  // 32..37
+    OP_MASK_AFTER = 38,   // columns past 2 row - 5 become s
+    OP_MASK_BEFORE = 39,  // columns before 60 - 2 row become s
     OP_REDUCE = 40,      // 40..45  row_max, row_min, row_sum, col_max, col_min, col_sum
     OP_REDUCE_ACC = 46,  // 46..51  same, folded with v (row) / u (col)
 };
@@ -123,6 +125,14 @@ __global__ void __launch_bounds__(32) tile_op_kernel(gl<T> a_gl, gl<T> b_gl, gl<
         case OP_ZERO: zero(d); break;
         case OP_ONE: one(d); break;
         case OP_NEG_INFTY: neg_infty(d); break;
+        case OP_MASK_AFTER:
+            copy(d, a);
+            mask_cols_after(d, [](int r) { return 2 * r - 5; }, s);
+            break;
+        case OP_MASK_BEFORE:
+            copy(d, a);
+            mask_cols_before(d, [](int r) { return 60 - 2 * r; }, s);
+            break;
         default:
             if (op < OP_BIN_SCALAR) binary(op - OP_BIN_TILE, d, a, b);
             else if (op < OP_BIN_ROW) binary(op - OP_BIN_SCALAR, d, a, s);

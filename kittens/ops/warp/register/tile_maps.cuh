@@ -133,4 +133,46 @@ __device__ __forceinline__ void mask(RT& dst, Keep&& keep, float value) {
     });
 }
 
+// Replace elements whose column is past last(row) (resp. before first(row)) by `value`: the
+// causal and sequence-end masks of attention, where the bound is one number per row. A lane's
+// columns are its first column plus compile-time offsets, so each element costs one compare
+// with an immediate and one select (kittens::mask's general predicate needs about three).
+// last / first depend only on the row: they are evaluated once per row this lane holds.
+namespace detail {
+// The per-row bound relative to the lane's first column, hidden from the optimiser: otherwise it
+// folds the subtraction back into every compare (one more instruction per element).
+__device__ __forceinline__ int opaque(int x) {
+    asm("" : "+r"(x));
+    return x;
+}
+template <register_tile RT, typename Bound, typename Outside>
+__device__ __forceinline__ void mask_cols_by_row(RT& dst, Bound&& bound, Outside outside, float value) {
+    using T = typename RT::dtype;
+    // A lane holds rows that vary with k % 2 in each 16-row base tile, and with h too in the
+    // column-major fragment: one bound per (k % 2, h) slot.
+    constexpr bool ROWS_VARY_WITH_H = RT::frag == layout_math::frag_layout::col;
+    constexpr int SLOTS = ROWS_VARY_WITH_H ? 4 : 2;
+    auto slot_of = [](int k, int h) { return k % 2 + (ROWS_VARY_WITH_H ? 2 * h : 0); };
+    const int lane_col = RT::col_in_base(0, 0);
+    int relative[RT::height][SLOTS];
+#pragma unroll
+    for (int i = 0; i < RT::height; i++)
+#pragma unroll
+        for (int slot = 0; slot < SLOTS; slot++)
+            relative[i][slot] = opaque(bound(i * TILE_DIM + RT::row_in_base(slot % 2, slot / 2)) - lane_col);
+    for_each_element(dst, [&](int i, int j, int k, int h, T& e) {
+        const int offset = j * TILE_DIM + RT::col_in_base(k, h) - lane_col;  // a constant
+        if (outside(offset, relative[i][slot_of(k, h)])) e = convert<T>(value);
+    });
+}
+}  // namespace detail
+template <register_tile RT, typename Last>
+__device__ __forceinline__ void mask_cols_after(RT& dst, Last&& last, float value) {
+    detail::mask_cols_by_row(dst, last, [](int offset, int bound) { return offset > bound; }, value);
+}
+template <register_tile RT, typename First>
+__device__ __forceinline__ void mask_cols_before(RT& dst, First&& first, float value) {
+    detail::mask_cols_by_row(dst, first, [](int offset, int bound) { return offset < bound; }, value);
+}
+
 }  // namespace kittens
