@@ -38,6 +38,10 @@ if [[ ${#NAMES[@]} -lt 1 || $# -lt 1 ]]; then
 fi
 AB_DIR=${TK_AB_DIR:-/tmp/tk_ab}
 export TK_CUDA_ARCHS=${TK_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
+# As in gpu_check.sh: the lent H200's default CXX links libstdc++ statically, and a C++ exception
+# thrown by the op (any argument check) then crashes the process (session 11: a segfault in the
+# backward op's input-check tests of an A/B build).
+export CXX=${TK_CXX:-g++}
 mkdir -p "$AB_DIR"
 
 for i in "${!NAMES[@]}"; do

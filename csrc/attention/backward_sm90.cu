@@ -501,6 +501,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     for (int local = 0;; local++) {
         const int kvs = local % KVB;
         kt::wait(sh.kv_full[kvs], (local / KVB) % 2);  // also publishes the producer's task_index
+        // Through a warp reduction, as in the forward: the index lands in a uniform register, so
+        // what derives from it (counted tasks' step counts, ring stages) stays uniform.
         const int index = __reduce_min_sync(0xffffffffu, sh.task_index[local % (KVB + 1)]);
         if (index < 0) break;
         if constexpr (KV_IN_REGISTERS<D>) {
