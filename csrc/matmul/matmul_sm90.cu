@@ -185,20 +185,19 @@ struct Entry {
     int bn;
     cudaError_t (*run)(const MatmulParams&, cudaStream_t);
 };
+// One row, its key fields taken from the instantiation they select.
+template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN>
+constexpr Entry entry() {
+    return {E, A_T, B_T, C_TMA, BN, launch<T, A_T, B_T, C_TMA, BN>};
+}
 template <typename T, ElementType E>
 constexpr Entry entries[] = {
-    {E, false, false, true, WIDE, launch<T, false, false, true, WIDE>},
-    {E, false, true, true, WIDE, launch<T, false, true, true, WIDE>},
-    {E, true, false, true, WIDE, launch<T, true, false, true, WIDE>},
-    {E, true, true, true, WIDE, launch<T, true, true, true, WIDE>},
-    {E, false, false, false, WIDE, launch<T, false, false, false, WIDE>},
-    {E, false, true, false, WIDE, launch<T, false, true, false, WIDE>},
-    {E, true, false, false, WIDE, launch<T, true, false, false, WIDE>},
-    {E, true, true, false, WIDE, launch<T, true, true, false, WIDE>},
-    {E, false, false, true, NARROW, launch<T, false, false, true, NARROW>},
-    {E, false, true, true, NARROW, launch<T, false, true, true, NARROW>},
-    {E, true, false, true, NARROW, launch<T, true, false, true, NARROW>},
-    {E, true, true, true, NARROW, launch<T, true, true, true, NARROW>},
+    entry<T, E, false, false, true, WIDE>(),    entry<T, E, false, true, true, WIDE>(),
+    entry<T, E, true, false, true, WIDE>(),     entry<T, E, true, true, true, WIDE>(),
+    entry<T, E, false, false, false, WIDE>(),   entry<T, E, false, true, false, WIDE>(),
+    entry<T, E, true, false, false, WIDE>(),    entry<T, E, true, true, false, WIDE>(),
+    entry<T, E, false, false, true, NARROW>(),  entry<T, E, false, true, true, NARROW>(),
+    entry<T, E, true, false, true, NARROW>(),   entry<T, E, true, true, true, NARROW>(),
 };
 
 // Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
