@@ -106,7 +106,10 @@ struct Shared {
     // the producer writes it before waiting for a K/V buffer, while the consumers may not yet
     // have read the KVB tasks before it.
     int task_index[KV_BUFFERS<D> + 1];
-    kt::semaphore kv_full[KV_BUFFERS<D>], kv_empty[KV_BUFFERS<D>], in_full[STAGES<D>], in_empty[STAGES<D>];
+    // kv_full: K and V landed (with the task index). V is released in a task's last step, once
+    // dP^T has read it (v_empty), K at the task's end (k_empty), so the next V loads early.
+    kt::semaphore kv_full[KV_BUFFERS<D>], k_empty[KV_BUFFERS<D>], v_empty[KV_BUFFERS<D>], in_full[STAGES<D>],
+        in_empty[STAGES<D>];
     // Deterministic: the dQ reduce-adds go through a keeper thread (see DqJob). Per warpgroup,
     // the semaphores of the hand-over: staged (one arrival, the warpgroup's issuer) and free
     // (one arrival, the keeper: the staging tile has been read); the job it staged last and
@@ -189,7 +192,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::init_semaphore(sh.kv_full[s], 1);
             // Every consumer thread releases the buffer: each read the task index beside it (see
             // the release at the end of a task).
-            kt::init_semaphore(sh.kv_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
+            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
+            kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
         for (int s = 0; s < STAGES; s++) {
             kt::init_semaphore(sh.in_full[s], 1);
@@ -250,17 +254,23 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                 const int kvs = local % KVB;
                 const bool more = index < tasks;
                 const Task t = task_at<CAUSAL, COUNTED>(more ? index : 0, g);
-                const int early = more ? min(t.steps, STAGES) : 0;
+                // With one K/V buffer, only the first step's Q/dO go ahead of K and V (the
+                // first step needs all four).
+                const int early = more ? min(t.steps, KVB == 1 ? 1 : STAGES) : 0;
                 sh.task_index[local % (KVB + 1)] = more ? index : -1;
                 load_inputs(t, 0, early);
-                if (local >= KVB) kt::wait(sh.kv_empty[kvs], (local / KVB - 1) % 2);
+                const kt::coord kv_at{t.b, t.h_kv, t.kv_block, 0};
+                if (local >= KVB) kt::wait(sh.v_empty[kvs], (local / KVB - 1) % 2);
+                if (more) {
+                    kt::expect_bytes(sh.kv_full[kvs], 2 * kt::tma::tile_bytes<typename S::kv_tile>());
+                    kt::tma::load_async(sh.v[kvs], &g.v_map, kv_at, sh.kv_full[kvs]);
+                }
+                if (local >= KVB) kt::wait(sh.k_empty[kvs], (local / KVB - 1) % 2);
                 if (!more) {  // tell the consumers to stop (the arrive publishes the -1)
                     kt::arrive(sh.kv_full[kvs]);
                     break;
                 }
-                kt::expect_bytes(sh.kv_full[kvs], 2 * kt::tma::tile_bytes<typename S::kv_tile>());
-                kt::tma::load_async(sh.k[kvs], &g.k_map, kt::coord{t.b, t.h_kv, t.kv_block, 0}, sh.kv_full[kvs]);
-                kt::tma::load_async(sh.v[kvs], &g.v_map, kt::coord{t.b, t.h_kv, t.kv_block, 0}, sh.kv_full[kvs]);
+                kt::tma::load_async(sh.k[kvs], &g.k_map, kv_at, sh.kv_full[kvs]);
                 load_inputs(t, early, t.steps);
                 ring += t.steps;
                 index = COUNTED ? atomicAdd(g.task_counter, 1) : index + gridDim.x;
@@ -401,8 +411,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     // running step count (the ring position; its parity picks the dS^T buffer and the
     // collector). collect: this warpgroup collects the dQ of step m (query block collect_i of
     // head collect_h) here.
-    auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, bool collect, int m,
-                         int collect_h, int collect_i) {
+    auto step_body = [&](int b, int h, int i, int kv_block, int kvs, int n, bool masked, bool last, bool collect,
+                         int m, int collect_h, int collect_i) {
         const int s = n % STAGES, parity = n % 2;
         const auto k_mine = kt::subtile<64, D>(sh.k[kvs], consumer, 0);
         const auto v_mine = kt::subtile<64, D>(sh.v[kvs], consumer, 0);
@@ -439,6 +449,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::exp2(s_t, s_t);  // P^T
         kt::wgmma::wait<0>();  // dP^T_n done
         kt::wgmma::fence_operand(dp_t);
+        if (last) {  // V read for the last time (d64: into registers, through the generic proxy)
+            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
+            kt::arrive(sh.v_empty[kvs]);  // the next task's V may load
+        }
         {
             column_values neg_delta;
             load_statistic(neg_delta, s, 1);
@@ -528,17 +542,17 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             const bool mine = consumer == n % 2;
             const bool collect = mine ? !DEFER || last : DEFER && n > ring;
             const bool previous = DEFER && !mine;  // (constant false without DEFER)
-            step_body(t.b, h, i, t.kv_block, kvs, n, masked, collect, previous ? n - 1 : n, previous ? prev_h : h,
-                      previous ? prev_i : i);
+            step_body(t.b, h, i, t.kv_block, kvs, n, masked, last, collect, previous ? n - 1 : n,
+                      previous ? prev_h : h, previous ? prev_i : i);
             prev_i = i, prev_h = h;
             i = next_i, h = next_h;
         }
         ring = end;
-        // K, V and the task index read: the next task's may load. Each thread arrives for its
+        // K and the task index read: the next task's K may load. Each thread arrives for its
         // own task_index read, for racecheck as with the statistics (step_body): with one
         // arrival per warp it reported the producer's next write to the slot as a hazard once
         // a block took more tasks than there are slots (session 10).
-        kt::arrive(sh.kv_empty[kvs]);
+        kt::arrive(sh.k_empty[kvs]);
 
         // Epilogue: dK (scaled) and dV through this warpgroup's staging tile (its last dQ
         // reduce-add must have read it), TMA stores clipped at Lk.
