@@ -9,7 +9,8 @@
 // loads each task's K and V, and streams Q_i and dO_i, with their rows' statistics, through a
 // ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
 // land while this one finishes; at d64 K and V are double-buffered
-// too (at d128 shared memory is full). Per query block, with c = scale * log2(e) and the
+// too (at d128 shared memory is full, and a task's V is released in its last step, once read,
+// so the next task's V loads during that step; its K after the step). Per query block, with c = scale * log2(e) and the
 // per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
 // neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
