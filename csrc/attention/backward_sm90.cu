@@ -548,6 +548,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             prev_i = i, prev_h = h;
             i = next_i, h = next_h;
         }
+        if (t.steps == 0) {  // keys no query sees (causal, Lk > Lq): V had no last step to release it
+            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
+            kt::arrive(sh.v_empty[kvs]);
+        }
         ring = end;
         // K and the task index read: the next task's K may load. Each thread arrives for its
         // own task_index read, for racecheck as with the statistics (step_body): with one
