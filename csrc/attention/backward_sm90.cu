@@ -8,9 +8,9 @@
 // counter (so do non-causal ones in the deterministic mode, see task_at). A producer thread
 // loads each task's K and V, and streams Q_i and dO_i, with their rows' statistics, through a
 // ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
-// land while this one finishes; at d64 K and V are double-buffered
-// too (at d128 shared memory is full, and a task's V is released in its last step, once read,
-// so the next task's V loads during that step; its K after the step). Per query block, with c = scale * log2(e) and the
+// land while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory
+// is full, so a task's V is released in its last step, once read, and the next task's V loads
+// during that step; its K after the step). Per query block, with c = scale * log2(e) and the
 // per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
 // neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
@@ -191,8 +191,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < KVB; s++) {
             kt::init_semaphore(sh.kv_full[s], 1);
-            // Every consumer thread releases the buffer: each read the task index beside it (see
-            // the release at the end of a task).
+            // Every consumer thread releases the buffer: each read the task index beside it (K:
+            // see the release at the end of a task; V: after the last step's dP^T).
             kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
             kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
