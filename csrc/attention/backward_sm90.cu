@@ -383,7 +383,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         sh.dq_jobs[consumer]++;
         kt::arrive(sh.dq_staged[consumer]);
     };
-    auto collect_dq = [&](int b, int h, int i, int kv_block, int m, int kvs, auto&& then) {
+    // release_k: the task's last read of K (the K buffer is released once the product is done).
+    auto collect_dq = [&](int b, int h, int i, int kv_block, int m, int kvs, bool release_k, auto&& then) {
         kt::warpgroup::sync_with<BOTH>(DS_READY + m % 2);  // the other half of dS^T(m) is stored
         kt::rt_fl<16, D> dq;
         kt::wgmma::fence();
@@ -391,6 +392,10 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::commit();
         then();
         kt::wgmma::wait<1>();  // dQ done (then's group may still run)
+        if (release_k) {  // (d64: K was also read into registers, through the generic proxy)
+            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
+            kt::arrive(sh.k_empty[kvs]);  // the next task's K may load
+        }
         kt::wgmma::fence_operand(dq);
         kt::warpgroup::arrive_at<BOTH>(DS_FREE + m % 2);
         auto& staging = sh.staging[consumer].dq;
@@ -489,7 +494,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         };
         my_turn();
         if (collect)
-            collect_dq(b, collect_h, collect_i, kv_block, m, kvs, [&] {
+            collect_dq(b, collect_h, collect_i, kv_block, m, kvs, last, [&] {
                 dv_dk();
                 pass_turn();
             });
@@ -533,6 +538,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         int i = t.first_q_block, h = t.h_kv * g.group_size;  // the step's query block and head
         int prev_i = i, prev_h = h;                          // the previous step's
         const int end = ring + t.steps;
+        bool k_released = false;
         for (int n = ring; n < end; n++) {
             int next_i = i + 1, next_h = h;
             if (next_i == q_blocks) next_i = t.first_q_block, next_h++;
@@ -543,6 +549,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             const bool mine = consumer == n % 2;
             const bool collect = mine ? !DEFER || last : DEFER && n > ring;
             const bool previous = DEFER && !mine;  // (constant false without DEFER)
+            k_released = last && collect;  // its dQ product was the last read of K
             step_body(t.b, h, i, t.kv_block, kvs, n, masked, last, collect, previous ? n - 1 : n,
                       previous ? prev_h : h, previous ? prev_i : i);
             prev_i = i, prev_h = h;
@@ -553,11 +560,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             kt::arrive(sh.v_empty[kvs]);
         }
         ring = end;
-        // K and the task index read: the next task's K may load. Each thread arrives for its
-        // own task_index read, for racecheck as with the statistics (step_body): with one
-        // arrival per warp it reported the producer's next write to the slot as a hazard once
-        // a block took more tasks than there are slots (session 10).
-        kt::arrive(sh.k_empty[kvs]);
+        // K and the task index read: the next task's K may load (released already if this
+        // warpgroup collected a dQ in the last step). Each thread arrives for its own
+        // task_index read, for racecheck as with the statistics (step_body): with one arrival
+        // per warp it reported the producer's next write to the slot as a hazard once a block
+        // took more tasks than there are slots (session 10).
+        if (!k_released) kt::arrive(sh.k_empty[kvs]);
 
         // Epilogue: dK (scaled) and dV through this warpgroup's staging tile (its last dQ
         // reduce-add must have read it), TMA stores clipped at Lk.
