@@ -9,8 +9,8 @@
 // loads each task's K and V, and streams Q_i and dO_i, with their rows' statistics, through a
 // ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
 // land while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory
-// is full, so a task's V is released in its last step, once read, and the next task's V loads
-// during that step; its K after the step). Per query block, with c = scale * log2(e) and the
+// is full, so a task's V and K are released in its last step once read, after its dP^T and dQ
+// products, and the next task's load during the rest of that step). Per query block, with c = scale * log2(e) and the
 // per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
 // neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
@@ -108,7 +108,8 @@ struct Shared {
     // have read the KVB tasks before it.
     int task_index[KV_BUFFERS<D> + 1];
     // kv_full: K and V landed (with the task index). V is released in a task's last step, once
-    // dP^T has read it (v_empty), K at the task's end (k_empty), so the next V loads early.
+    // dP^T has read it (v_empty), K once that step's dQ products have (k_empty; at the task's
+    // end for a warpgroup that collects no dQ there), so the next task's load early.
     kt::semaphore kv_full[KV_BUFFERS<D>], k_empty[KV_BUFFERS<D>], v_empty[KV_BUFFERS<D>], in_full[STAGES<D>],
         in_empty[STAGES<D>];
     // Deterministic: the dQ reduce-adds go through a keeper thread (see DqJob). Per warpgroup,
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         for (int s = 0; s < KVB; s++) {
             kt::init_semaphore(sh.kv_full[s], 1);
             // Every consumer thread releases the buffer: each read the task index beside it (K:
-            // see the release at the end of a task; V: after the last step's dP^T).
+            // after the last step's dQ product or at the task's end; V: after its dP^T).
             kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
             kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4 * kt::WARP_THREADS);
         }
