@@ -10,9 +10,9 @@
 // ring (2 stages at d128, 4 at d64) that runs on across tasks, so the next task's first Q/dO
 // land while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory
 // is full, so a task's V and K are released in its last step once read, after its dP^T and dQ
-// products, and the next task's load during the rest of that step). Per query block, with c = scale * log2(e) and the
-// per-row statistics as backward_rows.cu leaves them (shift = -lse / scale,
-// neg_delta = -rowsum(dO * O)):
+// products, and the next task's load during the rest of that step). Per query block, with
+// c = scale * log2(e) and the per-row statistics as backward_rows.cu leaves them
+// (shift = -lse / scale, neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
 //                                                  from shared memory (d128) or registers (d64);
 //                                                  S^T accumulates onto the shift
@@ -379,6 +379,13 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         if constexpr (DETERMINISTIC)
             if (const int jobs = sh.dq_jobs[consumer]; jobs > 0) kt::wait(sh.dq_free[consumer], (jobs - 1) % 2);
     };
+    // Releases a K or V buffer after this thread's last read of it in the task (at d64 the reads
+    // include the register copies, through the generic proxy: fenced into the async proxy that
+    // the producer's next load writes through).
+    auto release_kv = [&](kt::semaphore& empty) {
+        if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
+        kt::arrive(empty);
+    };
     auto hand_over = [&](const DqJob& job) {  // (issuer, deterministic)
         sh.dq_job[consumer] = job;
         sh.dq_jobs[consumer]++;
@@ -393,10 +400,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::commit();
         then();
         kt::wgmma::wait<1>();  // dQ done (then's group may still run)
-        if (release_k) {  // (d64: K was also read into registers, through the generic proxy)
-            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
-            kt::arrive(sh.k_empty[kvs]);  // the next task's K may load
-        }
+        if (release_k) release_kv(sh.k_empty[kvs]);  // the next task's K may load
         kt::wgmma::fence_operand(dq);
         kt::warpgroup::arrive_at<BOTH>(DS_FREE + m % 2);
         auto& staging = sh.staging[consumer].dq;
@@ -456,10 +460,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::exp2(s_t, s_t);  // P^T
         kt::wgmma::wait<0>();  // dP^T_n done
         kt::wgmma::fence_operand(dp_t);
-        if (last) {  // V read for the last time (d64: into registers, through the generic proxy)
-            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
-            kt::arrive(sh.v_empty[kvs]);  // the next task's V may load
-        }
+        if (last) release_kv(sh.v_empty[kvs]);  // V read for the last time: the next task's may load
         {
             column_values neg_delta;
             load_statistic(neg_delta, s, 1);
@@ -556,10 +557,8 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
             prev_i = i, prev_h = h;
             i = next_i, h = next_h;
         }
-        if (t.steps == 0) {  // keys no query sees (causal, Lk > Lq): V had no last step to release it
-            if constexpr (KV_IN_REGISTERS<D>) kt::fence_async_proxy();
-            kt::arrive(sh.v_empty[kvs]);
-        }
+        // Keys no query sees (causal, Lk > Lq): no last step released V.
+        if (t.steps == 0) release_kv(sh.v_empty[kvs]);
         ring = end;
         // K and the task index read: the next task's K may load (released already if this
         // warpgroup collected a dQ in the last step). Each thread arrives for its own
