@@ -564,8 +564,9 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         // warpgroup collected a dQ in the last step). Each thread arrives for its own
         // task_index read, for racecheck as with the statistics (step_body): with one arrival
         // per warp it reported the producer's next write to the slot as a hazard once a block
-        // took more tasks than there are slots (session 10).
-        if (!k_released) kt::arrive(sh.k_empty[kvs]);
+        // took more tasks than there are slots (session 10). Fenced like the other releases:
+        // at d64 a task with no steps has no step fence after its register copies of K.
+        if (!k_released) release_kv(sh.k_empty[kvs]);
 
         // Epilogue: dK (scaled) and dV through this warpgroup's staging tile (its last dQ
         // reduce-add must have read it), TMA stores clipped at Lk.
