@@ -13,9 +13,8 @@
 //   O = O * alpha + P_j V_j       wgmma, A = P from registers, B = V from shared memory
 // in the order S_j, then P_{j-1} V_{j-1} (both issued back to back), then the softmax of
 // S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; the consumer warpgroups take
-// turns issuing, so the tensor cores interleave one's products with another's softmax. The
-// same holds across tasks: a task's last P V goes out with the next task's first S, and its
-// epilogue follows the next task's first softmax.
+// turns issuing, so the tensor cores interleave one's products with another's softmax. A
+// task starts with its S_0 alone and ends with its last P V alone, then its epilogue.
 // K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
 // unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
 // padding: TMA zero-fills rows past the sequence end, their scores are masked, and the O
@@ -54,12 +53,6 @@ constexpr float LOG2E = 1.4426950408889634f;
 
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
-
-// Whether a task's last P V overlaps the next task's first scores and softmax (see the consumer
-// loop). Measured (session 6, tk/cuDNN forward, same process): d128 non-causal +2-4% at
-// n >= 1536 (-1% at n768); causal d128 (-2..-6%) and d64 (-2..-9%, the 160-register
-// consumers spill at the task boundary) lose, so they keep one task at a time.
-template <int D, bool CAUSAL> constexpr bool OVERLAP_TASKS = D == 128 && !CAUSAL;
 
 template <typename T, int D, int C>
 struct Shared {
@@ -215,8 +208,6 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         if (kt::lane_id() == 0) kt::arrive(empty);
     };
     if (consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
-    kt::zero(o);  // defined values for the first task's stand-in P V (see tile 0 below)
-    kt::zero(p);
 
     // Ring position n of a K/V tile (counting on across tasks) -> its stage and phase.
     auto issue_scores = [&](const auto& q, int n) {  // S = Q K_n^T
@@ -299,14 +290,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::zero(row_sum);
     };
 
-    // Tasks in the producer's order. With OVERLAP_TASKS, a task's last P V is issued together
-    // with the next task's first scores, and the next task's first softmax runs while it does
-    // (instead of each task starting with its scores alone and ending with its last P V alone);
-    // the finished task's epilogue follows. `finishing`: the task whose last P V (ring position
-    // last_v) is not yet issued.
-    int ring = 0, last_v = 0;
-    bool pending = false;
-    Task finishing{};
+    // Tasks in the producer's order.
+    int ring = 0;
     for (int local = 0;; local++) {
         const int qs = local % 2;
         kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
@@ -316,17 +301,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         // vector registers, copied to uniform ones at every wgmma: 5% more instructions per
         // causal tile, session 11).
         const int index = __reduce_min_sync(0xffffffffu, sh.task_index[qs]);
-        const Task t = index < 0 ? Task{} : task_at<BLOCK_M, CAUSAL>(index, g);  // no more tasks: no tiles
-        if (t.tiles == 0 && pending) {  // the pending task's last P V, with nothing to overlap
-            my_turn();
-            issue_pv(last_v);
-            pass_turn();
-            close_rows(finishing);
-            pv_done(last_v);
-            store_output(finishing);
-            pending = false;
-        }
-        if (index < 0) break;
+        if (index < 0) break;  // no more tasks
+        const Task t = task_at<BLOCK_M, CAUSAL>(index, g);
         if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
             kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
@@ -338,40 +314,17 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         const int row0 = first_row(t);
         const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
 
-        // Tile 0. With OVERLAP_TASKS, the pending task's last P V goes with S_0; with no task
-        // pending (a block's first, or one after a task with no tiles) the same product runs on
-        // the K tile just loaded, into an O that is zeroed afterwards: one code path for both
-        // (a wgmma issued in only one branch makes ptxas serialize every wgmma, C7518, and a
-        // second copy of the step costs instruction cache). K_0 is released once S_0 is done,
-        // or without a pending task once that product is.
-        constexpr bool OVERLAP = OVERLAP_TASKS<D, CAUSAL>;
+        // Tile 0: S_0 alone (no P V yet), K_0 released once it is done.
         my_turn();
         issue_scores(q, ring);
-        if constexpr (OVERLAP) {
-            if (pending) kt::wait(sh.v_full[last_v % ST], (last_v / ST) % 2);
-            kt::wgmma::fence();
-            kt::wgmma::mma_AB(o, p, pending ? sh.v[last_v % ST] : sh.k[ring % ST], true);
-            kt::wgmma::commit();
-        }
         pass_turn();
-        kt::wgmma::wait<OVERLAP ? 1 : 0>();  // S_0 is done
+        kt::wgmma::wait<0>();  // S_0 is done
         kt::wgmma::fence_operand(s);
-        if (pending || !OVERLAP) release(sh.k_empty[ring % ST]);
-        if (pending) close_rows(finishing);
+        release(sh.k_empty[ring % ST]);
         start_rows();
         row_values rescale;  // O starts at zero: nothing to rescale
-        if (OVERLAP || t.unmasked == 0) softmax.template operator()<true>(row0, 0, rescale);
+        if (t.unmasked == 0) softmax.template operator()<true>(row0, 0, rescale);
         else softmax.template operator()<false>(row0, 0, rescale);
-        if constexpr (OVERLAP) {
-            kt::wgmma::wait<0>();  // the P V is done: O and P are free
-            kt::wgmma::fence_operand(o);
-            kt::wgmma::fence_operand(p);
-            if (!pending) release(sh.k_empty[ring % ST]);
-            if (pending) {
-                release(sh.v_empty[last_v % ST]);
-                store_output(finishing);
-            }
-        }
         if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
         kt::zero(o);
         kt::copy(p, s);
@@ -398,18 +351,13 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         for (; j < t.unmasked; j++) step.template operator()<false>(j);
         for (; j < t.tiles; j++) step.template operator()<true>(j);
         ring += t.tiles;
-        if constexpr (OVERLAP) {
-            last_v = ring - 1;
-            finishing = t;
-            pending = true;
-        } else {  // the last P V alone, then the epilogue
-            my_turn();
-            issue_pv(ring - 1);
-            pass_turn();
-            close_rows(t);
-            pv_done(ring - 1);
-            store_output(t);
-        }
+        // The last P V alone, then the epilogue.
+        my_turn();
+        issue_pv(ring - 1);
+        pass_turn();
+        close_rows(t);
+        pv_done(ring - 1);
+        store_output(t);
     }
     if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
