@@ -633,7 +633,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     if (counted) {
         // The counted order: what a kv head's tasks touch is its group's Q and dO, the fp32 dQ
         // accumulator they reduce-add into (counted twice: each add reads and writes it in
-        // L2), and its K and V. Counting only Q and dO (until session 13) let 66 heads share
+        // L2), and its K and V. Counting only Q and dO (until session 13) let 80 heads share
         // L2 at b16 h16 n768 d128 causal: 0.985 of cuDNN fwd+bwd there, 1.06 with this count
         // (20 heads on the 60 MiB H200; n1536 1.06 -> 1.08, d64 n768 1.06 -> 1.08; n3072 and
         // GQA level). Long tasks lose some (b4 n4097 d128 1.13 -> 1.09, d64 n2048 1.056 ->
