@@ -132,7 +132,7 @@ struct Globals {
     int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;  // counted task order: heads whose Q/dO are read together (fit in L2)
+    int heads_per_group;  // counted task order: at most this many heads share L2 (heaviest_first)
     float scale, scale_log2;
 };
 
@@ -637,7 +637,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
         // L2 at b16 h16 n768 d128 causal: 0.985 of cuDNN fwd+bwd there, 1.06 with this count
         // (20 heads on the 60 MiB H200; n1536 1.06 -> 1.08, d64 n768 1.06 -> 1.08; n3072 and
         // GQA level). Long tasks lose some (b4 n4097 d128 1.13 -> 1.09, d64 n2048 1.056 ->
-        // 1.044): a small last group ends on heavy tasks (session 13, A/B in one call).
+        // 1.044), where the groups left a last group of one head (now evened out, heaviest_first).
         const int64_t per_query_row = 2 * sizeof(T) + 2 * sizeof(float);  // Q, dO; dQ read and written
         const int64_t touched = (int64_t(p.len_q) * group_size * per_query_row + 2 * int64_t(p.len_kv) * sizeof(T)) * D;
         heads_per_group = heads_sharing_l2(touched, p.l2_bytes, int64_t(p.batch) * p.heads_kv);

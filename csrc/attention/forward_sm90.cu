@@ -74,7 +74,7 @@ struct Globals {
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;  // causal task order: heads whose K/V are read together (fit in L2)
+    int heads_per_group;  // causal task order: at most this many heads share L2 (heaviest_first)
     float scale_log2;
 };
 
@@ -390,9 +390,12 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     g.len_q = p.len_q, g.len_kv = p.len_kv;
     if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
         g.causal_offset = p.causal_offset;
-        // The heads' K/V are what a group's tasks read together.
-        const int64_t kv_bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size;
-        g.heads_per_group = heads_sharing_l2(kv_bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q);
+        // What a group's tasks touch: each head's Q and O, and its share of the K/V its tasks
+        // all read. Counting K/V alone (until session 13) let 80 heads share L2 at b16 h16
+        // n768 d128 causal (96.7 us; a sweep of the group size gave 91-93 us at 16-40 heads).
+        const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size +
+                                         2 * int64_t(p.len_q) * D * sizeof(T);
+        g.heads_per_group = heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q);
     }
     g.scale_log2 = p.scale * LOG2E;
 
