@@ -132,7 +132,7 @@ struct Globals {
     int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;  // counted task order: at most this many heads share L2 (heaviest_first)
+    HeadGroups head_groups;  // counted task order: heads whose tasks share L2 (heaviest_first)
     float scale, scale_log2;
 };
 
@@ -156,7 +156,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
         // head's key block k is taken after its block k - 1 (whose dQ turns come first), and
         // after the same block of the other heads of its group, which spaces out the blocks of
         // one head that wait for each other.
-        const HeadAndRank at = heaviest_first(index, g.batch * g.heads_kv, g.heads_per_group, kv_blocks);
+        const HeadAndRank at = heaviest_first(index, g.head_groups, kv_blocks);
         bh = at.head, t.kv_block = at.rank;
     } else {  // a head's key blocks together, so tasks running together share its Q/dO in L2
         bh = index / kv_blocks, t.kv_block = index % kv_blocks;
@@ -655,7 +655,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
               p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size,
               p.len_q, p.len_kv, p.len_q_padded,
-              CAUSAL ? p.causal_offset : 0, heads_per_group, p.scale, p.scale * LOG2E};
+              CAUSAL ? p.causal_offset : 0, split_heads(p.batch * p.heads_kv, heads_per_group), p.scale, p.scale * LOG2E};
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");

@@ -74,7 +74,7 @@ struct Globals {
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
-    int heads_per_group;  // causal task order: at most this many heads share L2 (heaviest_first)
+    HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
     float scale_log2;
 };
 
@@ -89,7 +89,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     Task t;
     int bh;
     if constexpr (CAUSAL) {  // the last query blocks see the most keys
-        const HeadAndRank at = heaviest_first(index, g.batch * g.heads_q, g.heads_per_group, q_blocks);
+        const HeadAndRank at = heaviest_first(index, g.head_groups, q_blocks);
         t.q_block = q_blocks - 1 - at.rank;
         bh = at.head;
     } else {  // a head's query blocks together, so blocks running together share its K/V in L2
@@ -395,7 +395,8 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
         // n768 d128 causal (96.7 us; a sweep of the group size gave 91-93 us at 16-40 heads).
         const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size +
                                          2 * int64_t(p.len_q) * D * sizeof(T);
-        g.heads_per_group = heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q);
+        g.head_groups = split_heads(p.batch * p.heads_q,
+                                    heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q));
     }
     g.scale_log2 = p.scale * LOG2E;
 

@@ -14,21 +14,30 @@ struct HeadAndRank {
     int rank;  // 0: the head's heaviest block, 1: the next heaviest, ...
 };
 
-// Task `index` of heads_total heads with `blocks` blocks each: within each group of heads, all
-// the group's heaviest blocks come first, then the next heaviest... The heads split into as few
-// groups of at most max_heads_per_group as they can, and the groups differ by one head at most:
-// heaviest-first evens out the blocks' ends only within a group, and a last group of one head
-// would end on that head's heaviest tasks alone (session 13: b4 h16 n4097 d128 causal, 64 heads
-// in groups of 3 and a last one of 1, lost 4% fwd+bwd; groups of 7 and 1, 7% forward).
-__host__ __device__ inline HeadAndRank heaviest_first(int index, int heads_total, int max_heads_per_group, int blocks) {
+// How the heads split into groups: as few groups of at most max_heads_per_group heads as they
+// can, the groups differing by one head at most: heaviest-first evens out the blocks' ends only
+// within a group, and a last group of one head would end on that head's heaviest tasks alone
+// (session 13: b4 h16 n4097 d128 causal, 64 heads in groups of 7 and a last one of 1, lost 7%
+// forward). Made on the host, so that a task's head and rank take two divisions, as before.
+struct HeadGroups {
+    int small;       // heads in each of the last groups
+    int big_groups;  // the first groups, of small + 1 heads each
+};
+
+inline HeadGroups split_heads(int heads_total, int max_heads_per_group) {
     const int groups = (heads_total + max_heads_per_group - 1) / max_heads_per_group;
-    const int small = heads_total / groups, big_groups = heads_total % groups;  // big: small + 1 heads
-    const int big_tasks = big_groups * (small + 1) * blocks;
-    const bool big = index < big_tasks;
-    const int heads_here = big ? small + 1 : small, tasks_here = heads_here * blocks;
-    const int i = big ? index : index - big_tasks;
-    const int first_head = (big ? 0 : big_groups * (small + 1)) + i / tasks_here * heads_here, r = i % tasks_here;
-    return {first_head + r % heads_here, r / heads_here};
+    return {heads_total / groups, heads_total % groups};
+}
+
+// Task `index` of the heads with `blocks` blocks each: within each group of heads, all the
+// group's heaviest blocks come first, then the next heaviest...
+__host__ __device__ inline HeadAndRank heaviest_first(int index, HeadGroups groups, int blocks) {
+    const int big_heads = groups.big_groups * (groups.small + 1);
+    const bool big = index < big_heads * blocks;
+    const int heads_here = big ? groups.small + 1 : groups.small, tasks_here = heads_here * blocks;
+    const int i = big ? index : index - big_heads * blocks;
+    const int group = i / tasks_here, r = i - group * tasks_here;
+    return {(big ? 0 : big_heads) + group * heads_here + r % heads_here, r / heads_here};
 }
 
 // How many heads, each touching bytes_per_head, fit in half of the L2 cache together (at least
