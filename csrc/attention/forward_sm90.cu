@@ -72,7 +72,8 @@ struct Globals {
     CUtensorMap q_map, k_map, v_map, o_map;
     float* lse;  // (B, Hq, Lq) contiguous
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
-    int batch, heads_q, group_size, len_q, len_kv;
+    int batch, len_q, len_kv;
+    kt::divisor heads_q, group_size, q_blocks;  // q heads per kv head; query blocks per head
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
     HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
     float scale_log2;
@@ -85,18 +86,17 @@ struct Task {
 
 template <int BLOCK_M, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
-    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
     if constexpr (CAUSAL) {  // the last query blocks see the most keys
-        const HeadAndRank at = heaviest_first(index, g.head_groups, q_blocks);
-        t.q_block = q_blocks - 1 - at.rank;
+        const HeadAndRank at = heaviest_first(index, g.head_groups);
+        t.q_block = g.q_blocks.value - 1 - at.rank;
         bh = at.head;
     } else {  // a head's query blocks together, so blocks running together share its K/V in L2
-        t.q_block = index % q_blocks;
-        bh = index / q_blocks;
+        bh = g.q_blocks.divide(index);
+        t.q_block = index - bh * g.q_blocks.value;
     }
-    t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
+    t.b = g.heads_q.divide(bh), t.h = bh - t.b * g.heads_q.value, t.h_kv = g.group_size.divide(t.h);
     const int q_row0 = t.q_block * BLOCK_M;
     // Key tiles the block needs (up to the last visible key of its last real row), and how many
     // of them need no mask at all (every key visible to its first row). Both clamped at 0 before
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-    const int tasks = kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
+    const int tasks = g.q_blocks.value * g.batch * g.heads_q.value;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
         row_values lse;
         log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
-        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
+        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q.value, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
         guard_empty_rows(row_sum);
         kt::copy(divisor, row_sum);
@@ -372,6 +372,9 @@ struct Sm90Forward {
 // The kernel with C consumer warpgroups.
 template <typename T, int D, bool CAUSAL, int C>
 cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+    // Task indices (and the task order's counts) are ints.
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * C)) * p.batch * p.heads_q;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     using G = Globals<T, D>;
     using Sh = Shared<T, D, C>;
     G g{};
@@ -386,17 +389,19 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     g.lse = p.lse;
     g.task_counter = p.task_counter;
-    g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
+    g.batch = p.batch, g.heads_q = kt::divisor(p.heads_q), g.group_size = kt::divisor(p.heads_q / p.heads_kv);
+    g.q_blocks = kt::divisor(kt::ceil_div(p.len_q, 64 * C));
     g.len_q = p.len_q, g.len_kv = p.len_kv;
     if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
         g.causal_offset = p.causal_offset;
         // What a group's tasks touch: each head's Q and O, and its share of the K/V its tasks
         // all read. Counting K/V alone (until session 13) let 80 heads share L2 at b16 h16
         // n768 d128 causal (96.7 us; a sweep of the group size gave 91-93 us at 16-40 heads).
-        const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size +
+        const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size.value +
                                          2 * int64_t(p.len_q) * D * sizeof(T);
         g.head_groups = split_heads(p.batch * p.heads_q,
-                                    heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q));
+                                    heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q),
+                                    g.q_blocks.value);
     }
     g.scale_log2 = p.scale * LOG2E;
 
@@ -404,8 +409,6 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
     auto kernel = forward_kernel_sm90<T, D, CAUSAL, C>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * C)) * p.batch * p.heads_q;
-    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     const int sms = p.multiprocessors;
     if (sms <= 0) return cudaErrorInvalidDevice;
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM

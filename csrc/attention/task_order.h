@@ -7,7 +7,11 @@
 #pragma once
 #include <cstdint>
 
+#include "kittens/common/layout_math.cuh"
+
 namespace tk::attention {
+
+using kittens::layout_math::divisor;
 
 struct HeadAndRank {
     int head;  // over batch x heads
@@ -18,26 +22,31 @@ struct HeadAndRank {
 // can, the groups differing by one head at most: heaviest-first evens out the blocks' ends only
 // within a group, and a last group of one head would end on that head's heaviest tasks alone
 // (session 13: b4 h16 n4097 d128 causal, 64 heads in groups of 7 and a last one of 1, lost 7%
-// forward). Made on the host, so that a task's head and rank take two divisions, as before.
+// forward). Made on the host, with the divisors a task's head and rank need.
 struct HeadGroups {
-    int small;       // heads in each of the last groups
-    int big_groups;  // the first groups, of small + 1 heads each
+    int big_heads;                          // the first groups' heads (one more per group)
+    int big_tasks;                          // and their tasks
+    divisor big_heads_each, small_heads_each;  // heads in a first group, in a later one
+    divisor big_tasks_each, small_tasks_each;  // tasks in a first group, in a later one
 };
 
-inline HeadGroups split_heads(int heads_total, int max_heads_per_group) {
+inline HeadGroups split_heads(int heads_total, int max_heads_per_group, int blocks) {
     const int groups = (heads_total + max_heads_per_group - 1) / max_heads_per_group;
-    return {heads_total / groups, heads_total % groups};
+    const int small = heads_total / groups, big_heads = heads_total % groups * (small + 1);
+    return {big_heads, big_heads * blocks, divisor(small + 1), divisor(small),
+            divisor((small + 1) * blocks), divisor(small * blocks)};
 }
 
-// Task `index` of the heads with `blocks` blocks each: within each group of heads, all the
-// group's heaviest blocks come first, then the next heaviest...
-__host__ __device__ inline HeadAndRank heaviest_first(int index, HeadGroups groups, int blocks) {
-    const int big_heads = groups.big_groups * (groups.small + 1);
-    const bool big = index < big_heads * blocks;
-    const int heads_here = big ? groups.small + 1 : groups.small, tasks_here = heads_here * blocks;
-    const int i = big ? index : index - big_heads * blocks;
-    const int group = i / tasks_here, r = i - group * tasks_here;
-    return {(big ? 0 : big_heads) + group * heads_here + r % heads_here, r / heads_here};
+// Task `index` of the heads with `blocks` blocks each (as given to split_heads): within each
+// group of heads, all the group's heaviest blocks come first, then the next heaviest...
+KITTENS_HOST_DEVICE HeadAndRank heaviest_first(int index, const HeadGroups& groups) {
+    const bool big = index < groups.big_tasks;
+    const divisor& heads_here = big ? groups.big_heads_each : groups.small_heads_each;
+    const divisor& tasks_here = big ? groups.big_tasks_each : groups.small_tasks_each;
+    const int i = big ? index : index - groups.big_tasks;
+    const int group = tasks_here.divide(i), r = i - group * tasks_here.value;
+    const int rank = heads_here.divide(r);
+    return {(big ? 0 : groups.big_heads) + group * heads_here.value + (r - rank * heads_here.value), rank};
 }
 
 // How many heads, each touching bytes_per_head, fit in half of the L2 cache together (at least

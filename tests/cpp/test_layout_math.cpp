@@ -68,6 +68,33 @@ static void test_ceil_div() {
         }
 }
 
+// divisor: the multiply-and-shift quotient equals n / d over the whole stated range,
+// 0 <= n < 2^31 and d >= 1: every small pair, the numerators next to multiples of d and next
+// to 2^31 (where the rounding excess is largest), and divisors next to powers of two.
+static void test_divisor() {
+    std::vector<int> divisors;
+    for (int d = 1; d <= 2000; d++) divisors.push_back(d);
+    for (int k = 11; k <= 31; k++)
+        for (int64_t d : {(int64_t(1) << k) - 1, int64_t(1) << k, (int64_t(1) << k) + 1, (int64_t(3) << (k - 2)) + 1})
+            if (d <= 0x7fffffff) divisors.push_back(int(d));
+    uint64_t state = 12345;  // numerators drawn by a fixed LCG, the same every run
+    for (const int d : divisors) {
+        const divisor div(d);
+        auto check = [&](int64_t n) {
+            if (n < 0 || n > 0x7fffffff) return;
+            CHECK(div.divide(int(n)) == int(n / d), "n=%lld d=%d -> %d", (long long)n, d, div.divide(int(n)));
+        };
+        for (int n = 0; n <= 3000; n++) check(n);
+        for (int64_t n = 0x7fffffff; n > 0x7fffffff - 3000; n--) check(n);
+        for (int64_t q : {int64_t(1), int64_t(2), int64_t(7), int64_t(1000), 0x7fffffff / int64_t(d) - 1, 0x7fffffff / int64_t(d)})
+            for (int64_t e = -1; e <= 1; e++) check(q * d + e);
+        for (int i = 0; i < 2000; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            check(int64_t(state >> 33));  // 31 random bits
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // swizzle_bytes_for_width: the largest of 128/64/32 that divides the row width.
 // ---------------------------------------------------------------------------
@@ -464,6 +491,7 @@ static void test_wgmma_k_steps() {
 
 int main() {
     test_ceil_div();
+    test_divisor();
     test_swizzle_width();
     test_shared_tiles();
     test_fragment_bijection();

@@ -1,0 +1,83 @@
+// CPU unit tests of csrc/attention/task_order.h (plain C++20, no nvcc): the causal attention
+// kernels take their tasks in this order, so a task it skips or repeats is a block of output
+// never written or written twice.
+//
+// Build: g++ -std=c++20 -I<repo> -I<repo>/csrc tests/cpp/test_task_order.cpp  (tests/test_core_host.py)
+#include <cstdio>
+#include <vector>
+
+#include "attention/task_order.h"
+
+using namespace tk::attention;
+
+static int failures = 0;
+static long checks = 0;
+
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        ++checks;                                                            \
+        if (!(cond) && ++failures <= 40) {                                   \
+            std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);     \
+            std::printf(__VA_ARGS__);                                        \
+            std::printf("\n");                                               \
+        }                                                                    \
+    } while (0)
+
+// For heads_total heads of `blocks` blocks and groups of at most max_heads heads: every
+// (head, rank) comes exactly once; the groups are contiguous runs of heads, as few as groups of
+// max_heads allow, at most max_heads each and differing by one head at most; within a group the
+// ranks come in order (all of the group's rank 0, then rank 1, ...). With one block per head a
+// group boundary cannot be seen in the order, so only the first property is checked then.
+static void check_order(int heads_total, int max_heads, int blocks) {
+    const HeadGroups groups = split_heads(heads_total, max_heads, blocks);
+    std::vector<int> seen(size_t(heads_total) * blocks, 0);
+    std::vector<int> group_sizes;
+    int index = 0;
+    while (index < heads_total * blocks) {
+        // A group starts at rank 0 of its first head and holds `size` heads x `blocks` tasks.
+        const HeadAndRank first = heaviest_first(index, groups);
+        int size = 0;
+        while (index + size < heads_total * blocks && size < heads_total &&
+               heaviest_first(index + size, groups).rank == 0)
+            size++;
+        if (blocks == 1) size = heads_total;  // one "group": rank 0 of every head
+        CHECK(size >= 1, "H%d M%d B%d index %d: no group", heads_total, max_heads, blocks, index);
+        if (size < 1) return;
+        for (int t = 0; t < size * blocks; t++) {
+            const HeadAndRank at = heaviest_first(index + t, groups);
+            const bool in_range = at.head >= 0 && at.head < heads_total && at.rank >= 0 && at.rank < blocks;
+            CHECK(in_range, "H%d M%d B%d task %d -> head %d rank %d", heads_total, max_heads, blocks, index + t,
+                  at.head, at.rank);
+            if (!in_range) return;
+            CHECK(at.head == first.head + t % size && at.rank == t / size, "H%d M%d B%d task %d -> head %d rank %d",
+                  heads_total, max_heads, blocks, index + t, at.head, at.rank);
+            seen[size_t(at.head) * blocks + at.rank]++;
+        }
+        group_sizes.push_back(size);
+        index += size * blocks;
+    }
+    for (size_t i = 0; i < seen.size(); i++)
+        CHECK(seen[i] == 1, "H%d M%d B%d head %zu rank %zu taken %d times", heads_total, max_heads, blocks, i / blocks,
+              i % blocks, seen[i]);
+    if (blocks == 1) return;
+    const int expected_groups = (heads_total + max_heads - 1) / max_heads;
+    CHECK(int(group_sizes.size()) == expected_groups, "H%d M%d: %zu groups", heads_total, max_heads, group_sizes.size());
+    int smallest = heads_total, largest = 0;
+    for (int size : group_sizes) smallest = size < smallest ? size : smallest, largest = size > largest ? size : largest;
+    CHECK(largest <= max_heads && largest - smallest <= 1, "H%d M%d: groups of %d..%d heads", heads_total, max_heads,
+          smallest, largest);
+}
+
+int main() {
+    for (int heads = 1; heads <= 80; heads++)
+        for (int max_heads = 1; max_heads <= heads + 1; max_heads++)
+            for (int blocks = 1; blocks <= 7; blocks++) check_order(heads, max_heads, blocks);
+    // Sizes of the benchmarks (b x h, query or key blocks per head, the groups L2 allows).
+    check_order(256, 40, 6);
+    check_order(256, 20, 12);
+    check_order(64, 7, 33);
+    check_order(128, 14, 32);
+    check_order(16 * 16, 13, 24);
+    std::printf("%ld checks, %d failures\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
