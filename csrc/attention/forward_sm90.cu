@@ -396,7 +396,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
         g.causal_offset = p.causal_offset;
         // What a group's tasks touch: each head's Q and O, and its share of the K/V its tasks
         // all read. Counting K/V alone (until session 13) let 80 heads share L2 at b16 h16
-        // n768 d128 causal; 40 with this count (groups of 36-37): 98.2 -> 92.5 us, 283.7 ->
+        // n768 d128 causal; 40 with this count (groups of 36-37): 98.2 -> 91.2 us, 283.7 ->
         // 277.0 at n1536; d64 level, GQA n4096 level (session 14, A/B in one call; the K/V-only
         // count with the same even groups gave 92.5 and 282.4).
         const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size.value +
