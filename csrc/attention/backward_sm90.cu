@@ -130,12 +130,9 @@ struct Globals {
     // launch; the key blocks reduce-add into that dQ block in ascending order (turns.cuh).
     // nullptr: reduce-adds in arrival order.
     int* dq_turns;
-    int batch, heads_q;
-    kt::divisor heads_kv;
-    int group_size, len_q, len_kv, len_q_padded;
+    int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
     HeadGroups head_groups;  // counted task order: heads whose tasks share L2 (heaviest_first)
-    kt::divisor kv_blocks;   // key blocks (tasks) per kv head
     float scale, scale_log2;
 };
 
@@ -151,7 +148,7 @@ struct Task {
 // taken.
 template <bool CAUSAL, bool COUNTED, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
-    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
+    const int kv_blocks = kt::ceil_div(g.len_kv, BLOCK_N), q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
     if constexpr (COUNTED) {
@@ -162,9 +159,9 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
         const HeadAndRank at = heaviest_first(index, g.head_groups);
         bh = at.head, t.kv_block = at.rank;
     } else {  // a head's key blocks together, so tasks running together share its Q/dO in L2
-        bh = g.kv_blocks.divide(index), t.kv_block = index - bh * g.kv_blocks.value;
+        bh = index / kv_blocks, t.kv_block = index % kv_blocks;
     }
-    t.b = g.heads_kv.divide(bh), t.h_kv = bh - t.b * g.heads_kv.value;
+    t.b = bh / g.heads_kv, t.h_kv = bh % g.heads_kv;
     // Causal: the first query that sees the task's first key is key0 - causal_offset.
     const int first_query = t.kv_block * BLOCK_N - g.causal_offset;
     t.first_q_block = CAUSAL ? min(q_blocks, max(first_query, 0) / BLOCK_M) : 0;
@@ -190,7 +187,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-    const int tasks = g.kv_blocks.value * g.batch * g.heads_kv.value;
+    const int tasks = kt::ceil_div(g.len_kv, BLOCK_N) * g.batch * g.heads_kv;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < KVB; s++) {
@@ -660,10 +657,10 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
                                                                                    int64_t(p.batch) * p.heads_kv));
     }
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
-              p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, kt::divisor(p.heads_kv), group_size,
+              p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size,
               p.len_q, p.len_kv, p.len_q_padded,
-              CAUSAL ? p.causal_offset : 0, split_heads(p.batch * p.heads_kv, heads_per_group, kv_blocks),
-              kt::divisor(kv_blocks), p.scale, p.scale * LOG2E};
+              CAUSAL ? p.causal_offset : 0, split_heads(p.batch * p.heads_kv, heads_per_group, kv_blocks), p.scale,
+              p.scale * LOG2E};
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");

@@ -72,8 +72,7 @@ struct Globals {
     CUtensorMap q_map, k_map, v_map, o_map;
     float* lse;  // (B, Hq, Lq) contiguous
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
-    int batch, len_q, len_kv;
-    kt::divisor heads_q, group_size, q_blocks;  // q heads per kv head; query blocks per head
+    int batch, heads_q, group_size, len_q, len_kv;
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
     HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
     float scale_log2;
@@ -86,17 +85,18 @@ struct Task {
 
 template <int BLOCK_M, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
+    const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     int bh;
     if constexpr (CAUSAL) {  // the last query blocks see the most keys
         const HeadAndRank at = heaviest_first(index, g.head_groups);
-        t.q_block = g.q_blocks.value - 1 - at.rank;
+        t.q_block = q_blocks - 1 - at.rank;
         bh = at.head;
     } else {  // a head's query blocks together, so blocks running together share its K/V in L2
-        bh = g.q_blocks.divide(index);
-        t.q_block = index - bh * g.q_blocks.value;
+        t.q_block = index % q_blocks;
+        bh = index / q_blocks;
     }
-    t.b = g.heads_q.divide(bh), t.h = bh - t.b * g.heads_q.value, t.h_kv = g.group_size.divide(t.h);
+    t.b = bh / g.heads_q, t.h = bh % g.heads_q, t.h_kv = t.h / g.group_size;
     const int q_row0 = t.q_block * BLOCK_M;
     // Key tiles the block needs (up to the last visible key of its last real row), and how many
     // of them need no mask at all (every key visible to its first row). Both clamped at 0 before
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-    const int tasks = g.q_blocks.value * g.batch * g.heads_q.value;
+    const int tasks = kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
         row_values lse;
         log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
-        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q.value, 1, g.len_q);
+        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
         guard_empty_rows(row_sum);
         kt::copy(divisor, row_sum);
@@ -389,8 +389,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     g.lse = p.lse;
     g.task_counter = p.task_counter;
-    g.batch = p.batch, g.heads_q = kt::divisor(p.heads_q), g.group_size = kt::divisor(p.heads_q / p.heads_kv);
-    g.q_blocks = kt::divisor(kt::ceil_div(p.len_q, 64 * C));
+    g.batch = p.batch, g.heads_q = p.heads_q, g.group_size = p.heads_q / p.heads_kv;
     g.len_q = p.len_q, g.len_kv = p.len_kv;
     if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
         g.causal_offset = p.causal_offset;
@@ -399,11 +398,11 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
         // n768 d128 causal; 40 with this count (groups of 36-37): 98.2 -> 91.2 us, 283.7 ->
         // 277.0 at n1536; d64 level, GQA n4096 level (session 14, A/B in one call; the K/V-only
         // count with the same even groups gave 92.5 and 282.4).
-        const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size.value +
+        const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size +
                                          2 * int64_t(p.len_q) * D * sizeof(T);
         g.head_groups = split_heads(p.batch * p.heads_q,
                                     heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q),
-                                    g.q_blocks.value);
+                                    kt::ceil_div(p.len_q, 64 * C));
     }
     g.scale_log2 = p.scale * LOG2E;
 
