@@ -132,8 +132,9 @@ struct Globals {
     int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
-    HeadGroups head_groups;  // counted task order: heads whose tasks share L2 (heaviest_first)
     float scale, scale_log2;
+    // Last, so that the fields before keep the offsets they had before it grew (session 14).
+    HeadGroups head_groups;  // counted task order: heads whose tasks share L2 (heaviest_first)
 };
 
 // One task: BLOCK_N keys of one (batch, kv head), and the query blocks that see them, for each
@@ -659,8 +660,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     const G g{q_map, k_map, v_map, dout_map, dq_map, dk_map, dv_map,
               p.score_shift, p.neg_delta, p.task_counter, p.dq_turns, p.batch, p.heads_q, p.heads_kv, group_size,
               p.len_q, p.len_kv, p.len_q_padded,
-              CAUSAL ? p.causal_offset : 0, split_heads(p.batch * p.heads_kv, heads_per_group, kv_blocks), p.scale,
-              p.scale * LOG2E};
+              CAUSAL ? p.causal_offset : 0, p.scale, p.scale * LOG2E,
+              split_heads(p.batch * p.heads_kv, heads_per_group, kv_blocks)};
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");

@@ -74,8 +74,9 @@ struct Globals {
     int* task_counter;  // causal: zeroed before the launch; tasks handed out after each block's first
     int batch, heads_q, group_size, len_q, len_kv;
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
-    HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
     float scale_log2;
+    // Last, so that the fields before keep the offsets they had before it grew (session 14).
+    HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
 };
 
 // One unit of work: 64 C query rows of one (batch, head), and the key tiles they need.
