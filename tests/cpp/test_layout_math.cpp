@@ -14,24 +14,9 @@
 #include <vector>
 
 #include "kittens/common/layout_math.cuh"
+#include "tests/cpp/check.h"
 
 using namespace kittens::layout_math;
-
-static int failures = 0;
-static int checks = 0;
-
-// Count a failed check and print its first few occurrences per call site.
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        ++checks;                                                          \
-        if (!(cond)) {                                                     \
-            if (++failures <= 40) {                                        \
-                std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond); \
-                std::printf(__VA_ARGS__);                                  \
-                std::printf("\n");                                         \
-            }                                                              \
-        }                                                                  \
-    } while (0)
 
 constexpr frag_layout kLayouts[] = {frag_layout::row, frag_layout::col};
 constexpr const char* name(frag_layout l) { return l == frag_layout::row ? "row" : "col"; }
@@ -501,6 +486,6 @@ int main() {
     test_movmatrix_and_transpose();
     test_wgmma_descriptor();
     test_wgmma_k_steps();
-    std::printf("%d checks, %d failures\n", checks, failures);
+    std::printf("%ld checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

@@ -7,21 +7,9 @@
 #include <vector>
 
 #include "attention/task_order.h"
+#include "tests/cpp/check.h"
 
 using namespace tk::attention;
-
-static int failures = 0;
-static long checks = 0;
-
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        ++checks;                                                            \
-        if (!(cond) && ++failures <= 40) {                                   \
-            std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);     \
-            std::printf(__VA_ARGS__);                                        \
-            std::printf("\n");                                               \
-        }                                                                    \
-    } while (0)
 
 // For heads_total heads of `blocks` blocks and groups of at most max_heads heads: every
 // (head, rank) comes exactly once; the groups are contiguous runs of heads, as few as groups of
