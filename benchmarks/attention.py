@@ -172,6 +172,17 @@ def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
     raise ValueError(f"unknown pass {pass_name!r}")
 
 
+def _best_peer(results: dict) -> str | None:
+    """The fastest of the peers that ran (everyone else's implementations, not our other kernel
+    family's column)."""
+    peers = {name: r["tflops"] for name, r in results.items() if not name.startswith(OURS) and "tflops" in r}
+    return max(peers, key=peers.get) if peers else None
+
+
+def _timing_budget(quick: bool) -> dict:
+    return {"measure_ms": 60 if quick else 200, "min_reps": 5 if quick else 10}
+
+
 def _autograd(pass_name: str) -> contextlib.AbstractContextManager:
     # The forward alone is timed without autograd (inference); fwdbwd needs it.
     return torch.no_grad() if pass_name == "fwd" else contextlib.nullcontext()
@@ -186,7 +197,7 @@ def _measure(impl: Impl, pass_name: str, inputs, cfg: Config, quick: bool) -> di
     try:
         with context(), _autograd(pass_name):
             fn = _pass_callable(pass_name, call, *inputs, cfg)
-            ms = median_ms(fn, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
+            ms = median_ms(fn, **_timing_budget(quick))
     except Exception as error:  # a peer that cannot run this config: reported, not fatal
         torch.cuda.synchronize()
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
@@ -211,12 +222,11 @@ def _head_to_head(results: dict, impls: dict[str, Impl], inputs_of: dict, pass_n
                   quick: bool) -> None:
     """Times ours and the sweep's fastest peer again, in alternating rounds, and records those
     two times (the sweep's kept as "sweep_ms"; see the module doc)."""
-    peers = {name: r["tflops"] for name, r in results.items() if not name.startswith(OURS) and "tflops" in r}
-    if "tflops" not in results[OURS] or not peers:
+    best_peer = _best_peer(results)
+    if "tflops" not in results[OURS] or best_peer is None:
         return
-    names = (OURS, max(peers, key=peers.get))
-    fns = {name: _in_context(impls[name], pass_name, inputs_of[name], cfg) for name in names}
-    times = interleaved_median_ms(fns, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
+    fns = {name: _in_context(impls[name], pass_name, inputs_of[name], cfg) for name in (OURS, best_peer)}
+    times = interleaved_median_ms(fns, **_timing_budget(quick))
     for name, ms in times.items():
         if isinstance(ms, Exception):  # ran in the sweep, so not expected; keep the sweep's time
             continue
@@ -251,17 +261,15 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
 
 def _record(pass_name: str, cfg: Config, dtype: torch.dtype, results: dict) -> dict:
     ours = results[OURS].get("tflops")
-    # Peers are everyone else's implementations (not our other kernel family's column).
-    peers = {name: r["tflops"] for name, r in results.items() if not name.startswith(OURS) and "tflops" in r}
-    best_peer = max(peers, key=peers.get) if peers else None
-    reference = peers.get(REFERENCE)
+    best_peer = _best_peer(results)
+    reference = results.get(REFERENCE, {}).get("tflops")
     return {
         "op": "attention", "pass": pass_name, "config_name": cfg.name, "config": asdict(cfg),
         "dtype": str(dtype).removeprefix("torch."),
         "flops": cfg.forward_flops * PASSES[pass_name], "results": results,
         "best_peer": best_peer,
         "ratio_vs_reference": ours / reference if ours and reference else None,
-        "ratio_vs_best_peer": ours / peers[best_peer] if ours and best_peer else None,
+        "ratio_vs_best_peer": ours / results[best_peer]["tflops"] if ours and best_peer else None,
     }
 
 

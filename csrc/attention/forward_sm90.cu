@@ -374,7 +374,8 @@ struct Sm90Forward {
 template <typename T, int D, bool CAUSAL, int C>
 cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     // Task indices (and the task order's counts) are ints.
-    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * C)) * p.batch * p.heads_q;
+    const int q_blocks = kt::ceil_div(p.len_q, 64 * C);
+    const int64_t tasks = int64_t(q_blocks) * p.batch * p.heads_q;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     using G = Globals<T, D>;
     using Sh = Shared<T, D, C>;
@@ -403,7 +404,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
                                          2 * int64_t(p.len_q) * D * sizeof(T);
         g.head_groups = split_heads(p.batch * p.heads_q,
                                     heads_sharing_l2(bytes_per_q_head, p.l2_bytes, int64_t(p.batch) * p.heads_q),
-                                    kt::ceil_div(p.len_q, 64 * C));
+                                    q_blocks);
     }
     g.scale_log2 = p.scale * LOG2E;
 

@@ -7,7 +7,6 @@
 namespace kittens {
 
 using layout_math::ceil_div;
-using layout_math::divisor;
 using layout_math::TILE_DIM;
 
 inline constexpr int WARP_THREADS = 32;
