@@ -272,6 +272,46 @@ def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal, kernel):
     assert_close_to_reference(out, q, k, v, causal, 0.125, lse)
 
 
+def _sm90_or_skip():
+    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
+    with tk.use_kernel("sm90"):
+        plan = tk.explain(q, q, q)
+    if not plan.uses_kernel:
+        pytest.skip(f"sm90 kernel unavailable here: {plan.reason}")
+
+
+# The sm90 forward splits the non-causal tasks left over after the grid's full rounds over their
+# key tiles, in a power of two pieces of at least 4 tiles each that fit in one round
+# (csrc/attention/task_order.h: split_last_round), and merges the pieces' partial results.
+# Tasks are 128 query rows (d128) or 192 (d64) of one (batch, head). The cases, with S the
+# SM count: fewer tasks than SMs (2 heads x 3 query blocks at d128 => 8 pieces of 4-5 tiles,
+# the last one partial), full rounds and 2 tasks more (S + 2 heads of one query block => 2
+# pieces of 4 tiles), and GQA.
+def _split_cases():
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    return [  # batch, heads_q, heads_kv, len_q, len_kv
+        (1, 2, 2, 300, 4097),
+        (1, sms + 2, sms + 2, 100, 1000),
+        (2, 8, 2, 128, 2000),
+    ]
+
+
+@pytest.mark.parametrize("shape", _split_cases(), ids=lambda s: "b{}-hq{}-hkv{}-lq{}-lk{}".format(*s))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_forward_split_last_round(shape, head_dim, dtype):
+    _sm90_or_skip()
+    batch, heads_q, heads_kv, len_q, len_kv = shape
+    seeded("split", shape, head_dim, dtype)
+    q, k, v = make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = call_op_on_poisoned_memory(q, k, v, False, scale, "sm90")
+    assert_close_to_reference(out, q, k, v, False, scale, lse)
+    # The pieces merge in a fixed order, whichever finishes last: the forward stays deterministic.
+    again, lse_again = torch.ops.tk.attention_fwd_sm90(q, k, v, False, scale)
+    assert torch.equal(again, out) and torch.equal(lse_again, lse), "split forward differs between runs"
+
+
 def test_rank3_and_rank5_inputs():
     seeded("ranks")
     q3, k3, v3 = (randn((6, 129, 64), torch.bfloat16) for _ in range(3))

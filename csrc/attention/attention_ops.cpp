@@ -153,6 +153,16 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
         task_counter = at::zeros({1}, q.options().dtype(at::kInt));
         params.task_counter = task_counter.mutable_data_ptr<int>();
     }
+    at::Tensor partials, pieces_done;  // the sm90 non-causal kernel's split last round, if any
+    if (launch == &forward_sm90) {
+        const ForwardWorkspace workspace = forward_sm90_workspace(params);
+        if (workspace.partial_floats > 0) {
+            partials = at::empty({workspace.partial_floats}, q.options().dtype(at::kFloat));
+            pieces_done = at::zeros({workspace.counters}, q.options().dtype(at::kInt));
+            params.partials = partials.mutable_data_ptr<float>();
+            params.pieces_done = pieces_done.mutable_data_ptr<int>();
+        }
+    }
     const auto os = kernel_strides(out);
     params.o_stride_b = os[0], params.o_stride_h = os[1], params.o_stride_l = os[2];
 

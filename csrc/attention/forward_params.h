@@ -18,6 +18,10 @@ struct ForwardParams {
     void* o;        // (B, Hq,  Lq, D), same strides rules
     float* lse;     // (B, Hq,  Lq) contiguous fp32: natural-log log-sum-exp of scaled scores
     int* task_counter;  // sm90 causal only: one int32, zero at launch (the persistent grid's task queue)
+    // sm90 non-causal, when forward_sm90_workspace says so: the split last round's partial
+    // results (fp32) and its per-task counters of finished pieces (int32, zero at launch).
+    float* partials;
+    int* pieces_done;
 
     int64_t q_stride_b, q_stride_h, q_stride_l;
     int64_t k_stride_b, k_stride_h, k_stride_l;
@@ -99,5 +103,14 @@ cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
 
 // TMA + wgmma + warp-specialised kernel (sm_90a only).
 cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream);
+
+// What forward_sm90 needs beside the outputs for these params (shapes, causal, head dim and
+// the device's SM count; never data): fp32 elements at `partials` and zeroed int32 counters
+// at `pieces_done`. Both 0 when the kernel splits nothing (always for causal).
+struct ForwardWorkspace {
+    int64_t partial_floats;
+    int64_t counters;
+};
+ForwardWorkspace forward_sm90_workspace(const ForwardParams& params);
 
 }  // namespace tk::attention

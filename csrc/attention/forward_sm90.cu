@@ -18,7 +18,10 @@
 // K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
 // unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
 // padding: TMA zero-fills rows past the sequence end, their scores are masked, and the O
-// store clips rows past Lq. Causal is key <= query + causal_offset (0: SDPA's top-left rule,
+// store clips rows past Lq. Non-causal tasks left over after the grid's full rounds run split
+// over their key tiles (task_order.h: split_last_round): each piece writes its rows' normalised
+// O and lse in fp32 to a workspace, and the last piece of a task to finish merges them into
+// the output. Causal is key <= query + causal_offset (0: SDPA's top-left rule,
 // Lk - Lq: lower-right); keys >= Lk are never visible. A negative offset (lower-right, Lq > Lk)
 // leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
 #include <cuda.h>
@@ -77,17 +80,34 @@ struct Globals {
     float scale_log2;
     // Last, so that the fields before keep the offsets they had before it grew (session 14).
     HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
+    // The non-causal split last round (task_order.h): tasks from whole_tasks on are pieces,
+    // 2^piece_shift per task. A piece's partial O (64 C rows x D) and lse (64 C) go to slot
+    // index - whole_tasks of partial_o / partial_lse; pieces_done counts a task's finished
+    // pieces per warp (16 rows); the last warp to finish writes the merged rows to `out`.
+    int tasks;  // whole tasks and pieces
+    int whole_tasks, piece_shift;
+    float *partial_o, *partial_lse;
+    int* pieces_done;
+    T* out;  // O, as o_map describes it
+    int64_t out_stride_b, out_stride_h, out_stride_l;
 };
 
-// One unit of work: 64 C query rows of one (batch, head), and the key tiles they need.
+// One unit of work: 64 C query rows of one (batch, head), and the key tiles they need: `tiles`
+// of them from first_tile on, the first `unmasked` of those needing no mask. piece: the slot of
+// a piece of a split task (first_tile > 0 but for the first piece), -1 for a whole task.
 struct Task {
-    int b, h, h_kv, q_block, tiles, unmasked;
+    int b, h, h_kv, q_block, tiles, unmasked, first_tile, piece;
 };
 
 template <int BLOCK_M, bool CAUSAL, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
+    t.first_tile = 0, t.piece = -1;
+    if (!CAUSAL && index >= g.whole_tasks) {  // a piece of task whole_tasks + piece / 2^piece_shift
+        t.piece = index - g.whole_tasks;
+        index = g.whole_tasks + (t.piece >> g.piece_shift);
+    }
     int bh;
     if constexpr (CAUSAL) {  // the last query blocks see the most keys
         const HeadAndRank at = heaviest_first(index, g.head_groups);
@@ -107,6 +127,12 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_end = CAUSAL ? max(0, min(g.len_kv, q_end + g.causal_offset)) : g.len_kv;
     t.tiles = kt::ceil_div(kv_end, BLOCK_N);
     t.unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? max(0, q_row0 + 1 + g.causal_offset) / BLOCK_N : t.tiles);
+    if (!CAUSAL && t.piece >= 0) {
+        const TileRange share = piece_tiles(t.piece & ((1 << g.piece_shift) - 1), g.piece_shift, t.tiles);
+        t.first_tile = share.first;
+        t.tiles = share.end - share.first;
+        t.unmasked = min(max(t.unmasked - share.first, 0), t.tiles);
+    }
     return t;
 }
 
@@ -122,7 +148,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-    const int tasks = kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
+    const int tasks = g.tasks;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
@@ -170,7 +196,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                     const int n = ring + j, s = n % ST;
                     if (n >= ST) kt::wait(empty[s], (n / ST - 1) % 2);
                     kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
-                    kt::tma::load_async(tiles_of[s], map, kt::coord{t.b, t.h_kv, j, 0}, full[s]);
+                    kt::tma::load_async(tiles_of[s], map, kt::coord{t.b, t.h_kv, t.first_tile + j, 0}, full[s]);
                 };
                 for (int j = 0; j < t.tiles; j++) {
                     load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
@@ -257,23 +283,23 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::mul(row_sum, row_sum, rescale);
         kt::row_sum_lane_partial(row_sum, s, row_sum);
     };
-    // A task's rows once all its scores are in (its last P V may still run): their lse goes out,
-    // and `divisor` gets the row sums combined across lanes, 1 where a row saw no key (its O is
-    // 0: O / 1 stores 0, not 0/0).
-    row_values divisor;
-    auto close_rows = [&](const Task& t) {
+    // A task's rows once all its scores are in (its last P V may still run): `lse` gets their
+    // log-sum-exp, and `divisor` the row sums combined across lanes, 1 where a row saw no key
+    // (its O is 0: O / 1 stores 0, not 0/0).
+    row_values lse, divisor;
+    auto close_rows = [&] {
         kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
-        row_values lse;
         log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
-        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
-        kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
         guard_empty_rows(row_sum);
         kt::copy(divisor, row_sum);
     };
-    // A task's O (complete) / divisor into this warpgroup's staging tile, one TMA store (clipped
-    // at Lq); the previous task's store must have finished reading the tile first.
+    auto store_lse = [&](const Task& t) {
+        const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
+        kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
+    };
+    // A task's O (complete, normalised) into this warpgroup's staging tile, one TMA store
+    // (clipped at Lq); the previous task's store must have finished reading the tile first.
     auto store_output = [&](const Task& t) {
-        kt::div_row(o, o, divisor);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
         if (issuer) kt::tma::store_wait_read<0>();
@@ -289,6 +315,66 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     auto start_rows = [&] {
         kt::neg_infty(row_max);
         kt::zero(row_sum);
+    };
+    // A split task's pieces: slot k of the workspace holds a piece's 64 C rows, this warpgroup's
+    // 64 of them from row 64 consumer on, this warp's 16 from 16 warp on. Each warp counts and
+    // merges its own rows: a warpgroup-wide decision (a flag through shared memory) cost the
+    // task loop its uniform registers, and with them the wgmma descriptors (ptxas moved them to
+    // vector registers, copied back before every wgmma). The layouts are made where used, for
+    // the same reason.
+    auto partial_o = [&] { return kt::gl<float>(g.partial_o, g.tasks - g.whole_tasks, 1, BLOCK_M, D); };
+    auto partial_lse = [&] { return kt::gl<float>(g.partial_lse, g.tasks - g.whole_tasks, 1, 1, BLOCK_M); };
+    const int piece_row_tile = consumer * 4 + warp;  // in 16-row units
+    // After a piece's rows are closed (O normalised): writes this warp's to the piece's slot, and
+    // tells whether it is the last of the task's pieces to have done so (then it merges them).
+    // The writes are fenced before the count, and the count before the merge's reads, at GPU
+    // scope.
+    auto piece_done_last = [&](const Task& t) {
+        kt::store(partial_o(), o, kt::coord{t.piece, 0, piece_row_tile, 0});
+        kt::store(partial_lse(), lse, kt::coord{t.piece, 0, 0, piece_row_tile});
+        __threadfence();
+        __syncwarp();
+        int done = 0;
+        if (kt::lane_id() == 0) {
+            const int counter = ((t.piece >> g.piece_shift) * CONSUMERS + consumer) * 4 + warp;
+            done = atomicAdd(g.pieces_done + counter, 1) + 1;
+        }
+        const bool last = __shfl_sync(0xffffffffu, done, 0) == 1 << g.piece_shift;
+        if (last) __threadfence();
+        return last;
+    };
+    // The last piece's warp: o and lse become the whole task's, from the pieces' partial results
+    // in piece order (not arrival order, so the output is the same on every run):
+    // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k.
+    auto merge_pieces = [&](const Task& t) {
+        constexpr float LN2 = 0.6931471805599453f;
+        const int pieces = 1 << g.piece_shift, first = t.piece & -pieces;
+        row_values top, sum, lse_k;
+        kt::neg_infty(top);
+        for (int k = 0; k < pieces; k++) {
+            kt::load(lse_k, partial_lse(), kt::coord{first + k, 0, 0, piece_row_tile});
+            kt::max(top, top, lse_k);
+        }
+        kt::zero(sum);
+        kt::zero(o);
+        for (int k = 0; k < pieces; k++) {
+            kt::rt_fl<16, D> o_k;
+            kt::load(lse_k, partial_lse(), kt::coord{first + k, 0, 0, piece_row_tile});
+            kt::load(o_k, partial_o(), kt::coord{first + k, 0, piece_row_tile, 0});
+            kt::for_each_slot(lse_k, [&](int tt, int i, float& x) {  // x becomes the piece's weight
+                const float m = top.data[tt][i];
+                x = m == kt::neg_infinity() ? 0.f : exp2f((x - m) * LOG2E);
+            });
+            kt::add(sum, sum, lse_k);
+            kt::mul_row(o_k, o_k, lse_k);
+            kt::add(o, o, o_k);
+        }
+        kt::for_each_slot(lse, [&](int tt, int i, float& x) {
+            const float m = top.data[tt][i];
+            x = m == kt::neg_infinity() ? m : m + __log2f(sum.data[tt][i]) * LN2;
+        });
+        guard_empty_rows(sum);
+        kt::div_row(o, o, sum);
     };
 
     // Tasks in the producer's order.
@@ -308,7 +394,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
             start_rows();
-            close_rows(t);
+            close_rows();
+            store_lse(t);
             store_output(t);
             continue;
         }
@@ -324,8 +411,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         release(sh.k_empty[ring % ST]);
         start_rows();
         row_values rescale;  // O starts at zero: nothing to rescale
-        if (t.unmasked == 0) softmax.template operator()<true>(row0, 0, rescale);
-        else softmax.template operator()<false>(row0, 0, rescale);
+        const int key0 = CAUSAL ? 0 : t.first_tile * BLOCK_N;  // the task's first key
+        if (t.unmasked == 0) softmax.template operator()<true>(row0, key0, rescale);
+        else softmax.template operator()<false>(row0, key0, rescale);
         if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
         kt::zero(o);
         kt::copy(p, s);
@@ -343,7 +431,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             release(sh.k_empty[(ring + j) % ST]);
             if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
             row_values rescale;
-            softmax.template operator()<MASKED>(row0, j * BLOCK_N, rescale);
+            softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
             pv_done(ring + j - 1);
             kt::mul_row(o, o, rescale);
             kt::copy(p, s);
@@ -356,8 +444,20 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         my_turn();
         issue_pv(ring - 1);
         pass_turn();
-        close_rows(t);
+        close_rows();
         pv_done(ring - 1);
+        kt::div_row(o, o, divisor);
+        if (!CAUSAL && t.piece >= 0) {
+            if (piece_done_last(t)) {  // this warp's merged rows go out straight from registers
+                merge_pieces(t);
+                store_lse(t);
+                const kt::gl<T> out(g.out, g.batch, g.heads_q, g.len_q, D, g.out_stride_b, g.out_stride_h,
+                                    g.out_stride_l);
+                kt::store(out, o, kt::coord{t.b, t.h, first_row(t) / 16, 0});
+            }
+            continue;
+        }
+        store_lse(t);
         store_output(t);
     }
     if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
@@ -370,16 +470,36 @@ struct Sm90Forward {
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
 };
 
+// The consumer warpgroups of a launch: CONSUMERS<D>, but two for short causal d64.
+int consumers_for(const ForwardParams& p) {
+    if (p.head_dim == 64 && p.causal && p.len_q <= SHORT_CAUSAL_D64_MAX_LEN) return 2;
+    return p.head_dim <= 64 ? CONSUMERS<64> : CONSUMERS<128>;
+}
+
+// How a launch splits its last round (task_order.h); nothing when causal (the counted order
+// hands the light tasks out last) or with more tasks than fit in an int.
+TailSplit tail_split(const ForwardParams& p) {
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers_for(p))) * p.batch * p.heads_q;
+    if (p.causal || tasks > 0x7fffffff) return {int(tasks), 0, 0};
+    return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
+}
+
 // The kernel with C consumer warpgroups.
 template <typename T, int D, bool CAUSAL, int C>
 cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     // Task indices (and the task order's counts) are ints.
     const int q_blocks = kt::ceil_div(p.len_q, 64 * C);
-    const int64_t tasks = int64_t(q_blocks) * p.batch * p.heads_q;
+    const int64_t whole = int64_t(q_blocks) * p.batch * p.heads_q;
+    if (whole > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    const TailSplit split = tail_split(p);
+    const int64_t tasks = int64_t(split.whole_tasks) + (int64_t(split.split_tasks) << split.piece_shift);
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    if (split.piece_shift > 0 && (p.partials == nullptr || p.pieces_done == nullptr)) return cudaErrorInvalidValue;
     using G = Globals<T, D>;
     using Sh = Shared<T, D, C>;
     G g{};
+    g.out = static_cast<T*>(p.o);
+    g.out_stride_b = p.o_stride_b, g.out_stride_h = p.o_stride_h, g.out_stride_l = p.o_stride_l;
     const kt::gl<T> q = head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
     const kt::gl<T> k = head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
     const kt::gl<T> v = head_major<T, D>(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);
@@ -407,6 +527,14 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
                                     q_blocks);
     }
     g.scale_log2 = p.scale * LOG2E;
+    g.tasks = int(tasks);
+    g.whole_tasks = split.whole_tasks, g.piece_shift = split.piece_shift;
+    if (split.piece_shift > 0) {
+        const int64_t slots = int64_t(split.split_tasks) << split.piece_shift;
+        g.partial_o = p.partials;
+        g.partial_lse = p.partials + slots * 64 * C * D;
+        g.pieces_done = p.pieces_done;
+    }
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
@@ -422,7 +550,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
 template <typename T, int D, bool CAUSAL>
 cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (D == 64 && CAUSAL)
-        if (p.len_q <= SHORT_CAUSAL_D64_MAX_LEN) return launch<T, D, CAUSAL, 2>(p, stream);
+        if (consumers_for(p) == 2) return launch<T, D, CAUSAL, 2>(p, stream);
     return launch<T, D, CAUSAL, CONSUMERS<D>>(p, stream);
 }
 
@@ -430,6 +558,14 @@ cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
 
 cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream) {
     return dispatch<Sm90Forward>(params, stream);
+}
+
+ForwardWorkspace forward_sm90_workspace(const ForwardParams& params) {
+    const TailSplit split = tail_split(params);
+    if (split.piece_shift == 0) return {0, 0};
+    const int consumers = consumers_for(params);
+    const int64_t slots = int64_t(split.split_tasks) << split.piece_shift, rows = 64 * consumers;
+    return {slots * rows * (params.head_dim + 1), int64_t(split.split_tasks) * rows / 16};  // a counter per warp
 }
 
 }  // namespace tk::attention

@@ -57,3 +57,44 @@ inline int heads_sharing_l2(int64_t bytes_per_head, int64_t l2_bytes, int64_t he
 }
 
 }  // namespace tk::attention
+
+// The non-causal forward's last round. Its tasks are all the same size and go round robin, so
+// when they are not a whole number of rounds of the grid the last round runs only the few
+// left over, on as few SMs, for a whole task's time (b8 hq32 n2048 d128: 4096 tasks are 31
+// rounds of 132 and 4 more, and took as long as 4224 tasks, session 16). Those left-over
+// tasks run instead as 2^piece_shift pieces each, over equal shares of the key tiles, on that
+// many blocks; the last piece of a task to finish merges them (forward_sm90.cu). A power of two,
+// so that a piece's task and tiles come from shifts, which the kernel keeps in uniform
+// registers (an integer division would put its loop counts in vector registers, and every
+// wgmma descriptor derived from them).
+struct TailSplit {
+    int whole_tasks;  // the tasks run whole: full rounds of the grid, first
+    int split_tasks;  // the ones after them, each run as 2^piece_shift pieces
+    int piece_shift;  // 0: nothing split
+};
+
+// At least this many key tiles per piece: a piece's fp32 partial O is written, and read back
+// by the merge, which costs about what half a tile's products do.
+constexpr int MIN_TILES_PER_PIECE = 4;
+constexpr int MAX_PIECE_SHIFT = 6;  // 64 pieces; with < 2^24 tiles, piece * tiles fits an int
+
+inline TailSplit split_last_round(int64_t tasks, int grid, int tiles_per_task) {
+    const int64_t left = grid > 0 ? tasks % grid : 0;
+    if (left == 0) return {int(tasks), 0, 0};
+    const int64_t by_grid = grid / left;  // all pieces in the same (last) round
+    const int64_t by_tiles = tiles_per_task / MIN_TILES_PER_PIECE;
+    const int64_t most = by_grid < by_tiles ? by_grid : by_tiles;
+    int shift = 0;
+    while (shift < MAX_PIECE_SHIFT && (int64_t(2) << shift) <= most) shift++;
+    if (shift == 0) return {int(tasks), 0, 0};
+    return {int(tasks - left), int(left), shift};
+}
+
+// The key tiles [first, end) of piece `piece` (0 .. 2^shift - 1) of a task with `tiles` tiles:
+// equal shares, differing by one tile at most.
+struct TileRange {
+    int first, end;
+};
+KITTENS_HOST_DEVICE TileRange piece_tiles(int piece, int shift, int tiles) {
+    return {(piece * tiles) >> shift, ((piece + 1) * tiles) >> shift};
+}

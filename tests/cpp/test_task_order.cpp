@@ -3,6 +3,8 @@
 // never written or written twice.
 //
 // Build: g++ -std=c++20 -I<repo> -I<repo>/csrc tests/cpp/test_task_order.cpp  (tests/test_core_host.py)
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -56,7 +58,53 @@ static void check_order(int heads_total, int max_heads, int blocks) {
           smallest, largest);
 }
 
+// The forward's split last round for `tasks` equal tasks of `tiles` key tiles on a grid of
+// `grid` blocks: the whole tasks are full rounds and the pieces one more (at most), at least
+// MIN_TILES_PER_PIECE tiles per piece, a power of two pieces; and a split task's pieces cover
+// its tiles exactly once, in order, in shares differing by one tile at most.
+static void check_split(int64_t tasks, int grid, int tiles) {
+    const TailSplit split = split_last_round(tasks, grid, tiles);
+    const int pieces = 1 << split.piece_shift;
+    CHECK(split.whole_tasks + split.split_tasks == tasks, "T%lld G%d: %d whole + %d split", (long long)tasks, grid,
+          split.whole_tasks, split.split_tasks);
+    CHECK(split.piece_shift >= 0 && split.piece_shift <= MAX_PIECE_SHIFT, "T%lld G%d: shift %d", (long long)tasks,
+          grid, split.piece_shift);
+    if (split.piece_shift == 0) {
+        CHECK(split.split_tasks == 0, "T%lld G%d: %d tasks split in one piece", (long long)tasks, grid,
+              split.split_tasks);
+        // Nothing split only when nothing is left over, or a split would not fit in the round
+        // or would make pieces of fewer than MIN_TILES_PER_PIECE tiles.
+        const int64_t left = tasks % grid;
+        CHECK(left == 0 || 2 * left > grid || tiles < 2 * MIN_TILES_PER_PIECE, "T%lld G%d K%d: not split",
+              (long long)tasks, grid, tiles);
+        return;
+    }
+    CHECK(split.whole_tasks % grid == 0, "T%lld G%d: %d whole tasks", (long long)tasks, grid, split.whole_tasks);
+    CHECK(int64_t(split.split_tasks) * pieces <= grid, "T%lld G%d: %d x %d pieces", (long long)tasks, grid,
+          split.split_tasks, pieces);
+    CHECK(2 * int64_t(split.split_tasks) * pieces > grid || 2 * pieces * MIN_TILES_PER_PIECE > tiles ||
+              split.piece_shift == MAX_PIECE_SHIFT,
+          "T%lld G%d K%d: %d pieces, twice as many would fit", (long long)tasks, grid, tiles, pieces);
+    int next = 0, smallest = tiles, largest = 0;
+    for (int piece = 0; piece < pieces; piece++) {
+        const TileRange r = piece_tiles(piece, split.piece_shift, tiles);
+        CHECK(r.first == next && r.end > r.first, "K%d piece %d of %d: [%d, %d)", tiles, piece, pieces, r.first, r.end);
+        next = r.end;
+        smallest = std::min(smallest, r.end - r.first), largest = std::max(largest, r.end - r.first);
+    }
+    CHECK(next == tiles, "K%d, %d pieces end at %d", tiles, pieces, next);
+    CHECK(smallest >= MIN_TILES_PER_PIECE && largest - smallest <= 1, "K%d, %d pieces: %d..%d tiles", tiles, pieces,
+          smallest, largest);
+}
+
 int main() {
+    for (int grid : {1, 7, 132, 114})
+        for (int64_t tasks = 1; tasks <= 3 * grid + 1; tasks++)
+            for (int tiles : {1, 4, 7, 8, 9, 16, 33, 64, 257, 4096}) check_split(tasks, grid, tiles);
+    check_split(4096, 132, 16);           // b8 hq32 n2048 d128: 4 tasks left, 4 pieces of 4 tiles
+    check_split(3072, 132, 12);           // b16 h16 n1536 d128: 36 left, 2 pieces
+    check_split(0x7fffff00, 132, 1 << 24);  // the largest sizes: no overflow in piece_tiles
+
     for (int heads = 1; heads <= 80; heads++)
         for (int max_heads = 1; max_heads <= heads + 1; max_heads++)
             for (int blocks = 1; blocks <= 7; blocks++) check_order(heads, max_heads, blocks);
