@@ -280,13 +280,13 @@ def _sm90_or_skip():
         pytest.skip(f"sm90 kernel unavailable here: {plan.reason}")
 
 
-# The sm90 forward splits the non-causal tasks left over after the grid's full rounds over their
-# key tiles, in a power of two pieces of at least 4 tiles each that fit in one round
+# The sm90 forward at d64 splits the non-causal tasks left over after the grid's full rounds
+# over their key tiles, in a power of two pieces of at least 4 tiles each that fit in one round
 # (csrc/attention/task_order.h: split_last_round), and merges the pieces' partial results.
-# Tasks are 128 query rows (d128) or 192 (d64) of one (batch, head). The cases, with S the
-# SM count: fewer tasks than SMs (2 heads x 3 query blocks at d128 => 8 pieces of 4-5 tiles,
-# the last one partial), full rounds and 2 tasks more (S + 2 heads of one query block => 2
-# pieces of 4 tiles), and GQA.
+# Tasks are 192 query rows of one (batch, head). The cases, with S the SM count: fewer tasks
+# than SMs (2 heads x 2 query blocks => 8 pieces of 4-5 tiles, the last one partial), full
+# rounds and 2 tasks more (S + 2 heads of one query block => 2 pieces of 4 tiles), and GQA
+# (16 tasks, 4 pieces). d128 (which does not split) runs the same cases.
 def _split_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     return [  # batch, heads_q, heads_kv, len_q, len_kv

@@ -57,6 +57,13 @@ constexpr float LOG2E = 1.4426950408889634f;
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
+// Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
+// d128 yet: the piece code moved ptxas's placement of the P V wait among the exponentials in
+// the d128 loop (SASS), and the d128 forward measured 1-2% slower on every non-causal config,
+// split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
+// 814); d64, 3-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259).
+template <int D> constexpr bool SPLITS_LAST_ROUND = D <= 64;
+
 template <typename T, int D, int C>
 struct Shared {
     using q_tile = kt::st<T, 64 * C, D>;
@@ -99,12 +106,12 @@ struct Task {
     int b, h, h_kv, q_block, tiles, unmasked, first_tile, piece;
 };
 
-template <int BLOCK_M, bool CAUSAL, typename G>
+template <int BLOCK_M, bool CAUSAL, bool SPLIT, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     t.first_tile = 0, t.piece = -1;
-    if (!CAUSAL && index >= g.whole_tasks) {  // a piece of task whole_tasks + piece / 2^piece_shift
+    if (SPLIT && index >= g.whole_tasks) {  // a piece of task whole_tasks + piece / 2^piece_shift
         t.piece = index - g.whole_tasks;
         index = g.whole_tasks + (t.piece >> g.piece_shift);
     }
@@ -127,7 +134,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int kv_end = CAUSAL ? max(0, min(g.len_kv, q_end + g.causal_offset)) : g.len_kv;
     t.tiles = kt::ceil_div(kv_end, BLOCK_N);
     t.unmasked = min(g.len_kv / BLOCK_N, CAUSAL ? max(0, q_row0 + 1 + g.causal_offset) / BLOCK_N : t.tiles);
-    if (!CAUSAL && t.piece >= 0) {
+    if (SPLIT && t.piece >= 0) {
         const TileRange share = piece_tiles(t.piece & ((1 << g.piece_shift) - 1), g.piece_shift, t.tiles);
         t.first_tile = share.first;
         t.tiles = share.end - share.first;
@@ -143,6 +150,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
     constexpr int CONSUMERS = C, BLOCK_M = 64 * C;
+    constexpr bool SPLIT = !CAUSAL && SPLITS_LAST_ROUND<D>;
     using S = Shared<T, D, C>;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                     kt::arrive(sh.q_full[qs]);
                     break;
                 }
-                const Task t = task_at<BLOCK_M, CAUSAL>(index, g);
+                const Task t = task_at<BLOCK_M, CAUSAL, SPLIT>(index, g);
                 kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
                 kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
@@ -389,7 +397,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         // causal tile, session 11).
         const int index = __reduce_min_sync(0xffffffffu, sh.task_index[qs]);
         if (index < 0) break;  // no more tasks
-        const Task t = task_at<BLOCK_M, CAUSAL>(index, g);
+        const Task t = task_at<BLOCK_M, CAUSAL, SPLIT>(index, g);
         if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
             kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
@@ -411,7 +419,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         release(sh.k_empty[ring % ST]);
         start_rows();
         row_values rescale;  // O starts at zero: nothing to rescale
-        const int key0 = CAUSAL ? 0 : t.first_tile * BLOCK_N;  // the task's first key
+        const int key0 = SPLIT ? t.first_tile * BLOCK_N : 0;  // the task's first key
         if (t.unmasked == 0) softmax.template operator()<true>(row0, key0, rescale);
         else softmax.template operator()<false>(row0, key0, rescale);
         if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
@@ -447,7 +455,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         close_rows();
         pv_done(ring - 1);
         kt::div_row(o, o, divisor);
-        if (!CAUSAL && t.piece >= 0) {
+        if (SPLIT && t.piece >= 0) {
             if (piece_done_last(t)) {  // this warp's merged rows go out straight from registers
                 merge_pieces(t);
                 store_lse(t);
@@ -477,10 +485,12 @@ int consumers_for(const ForwardParams& p) {
 }
 
 // How a launch splits its last round (task_order.h); nothing when causal (the counted order
-// hands the light tasks out last) or with more tasks than fit in an int.
+// hands the light tasks out last), at a head dim that does not split (SPLITS_LAST_ROUND), or
+// with more tasks than fit in an int.
 TailSplit tail_split(const ForwardParams& p) {
     const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers_for(p))) * p.batch * p.heads_q;
-    if (p.causal || tasks > 0x7fffffff) return {int(tasks), 0, 0};
+    const bool splits = p.head_dim <= 64 ? SPLITS_LAST_ROUND<64> : SPLITS_LAST_ROUND<128>;
+    if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
     return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
 }
 
