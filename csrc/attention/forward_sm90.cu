@@ -156,7 +156,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
-    const int tasks = g.tasks;
+    const int tasks = SPLIT ? g.tasks : kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < 2; s++) {
@@ -292,22 +292,24 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::row_sum_lane_partial(row_sum, s, row_sum);
     };
     // A task's rows once all its scores are in (its last P V may still run): `lse` gets their
-    // log-sum-exp, and `divisor` the row sums combined across lanes, 1 where a row saw no key
-    // (its O is 0: O / 1 stores 0, not 0/0).
+    // log-sum-exp (and goes out, but for a piece), and `divisor` the row sums combined across
+    // lanes, 1 where a row saw no key (its O is 0: O / 1 stores 0, not 0/0).
     row_values lse, divisor;
-    auto close_rows = [&] {
-        kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
-        log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
-        guard_empty_rows(row_sum);
-        kt::copy(divisor, row_sum);
-    };
     auto store_lse = [&](const Task& t) {
         const kt::gl<float> lse_rows(g.lse, g.batch, g.heads_q, 1, g.len_q);
         kt::store(lse_rows, lse, kt::coord{t.b, t.h, 0, first_row(t) / 16});
     };
-    // A task's O (complete, normalised) into this warpgroup's staging tile, one TMA store
-    // (clipped at Lq); the previous task's store must have finished reading the tile first.
+    auto close_rows = [&](const Task& t) {
+        kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+        log_sum_exp(lse, row_max, row_sum, g.scale_log2);  // -inf for a row that saw no key
+        if (!SPLIT || t.piece < 0) store_lse(t);
+        guard_empty_rows(row_sum);
+        kt::copy(divisor, row_sum);
+    };
+    // A task's O (complete) / divisor into this warpgroup's staging tile, one TMA store (clipped
+    // at Lq); the previous task's store must have finished reading the tile first.
     auto store_output = [&](const Task& t) {
+        kt::div_row(o, o, divisor);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
         if (issuer) kt::tma::store_wait_read<0>();
@@ -402,8 +404,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
             start_rows();
-            close_rows();
-            store_lse(t);
+            close_rows(t);
             store_output(t);
             continue;
         }
@@ -452,10 +453,10 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         my_turn();
         issue_pv(ring - 1);
         pass_turn();
-        close_rows();
+        close_rows(t);
         pv_done(ring - 1);
-        kt::div_row(o, o, divisor);
         if (SPLIT && t.piece >= 0) {
+            kt::div_row(o, o, divisor);
             if (piece_done_last(t)) {  // this warp's merged rows go out straight from registers
                 merge_pieces(t);
                 store_lse(t);
@@ -465,7 +466,6 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             }
             continue;
         }
-        store_lse(t);
         store_output(t);
     }
     if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
