@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import thunderkittens as tk  # noqa: E402
 from reference import lower_right_bias  # noqa: E402
 
-# (130, 1100): the sm90 forward splits its 4 tasks (2 heads x 2 query blocks) over the key tiles.
-LENGTHS = [(1, 1), (17, 17), (64, 64), (65, 130), (130, 65), (127, 200), (1, 300), (300, 1), (130, 1100)]
+# (130, 2100): the sm90 forward at d64 splits its tasks (2 or 4 heads x 1 query block) over the key tiles.
+LENGTHS = [(1, 1), (17, 17), (64, 64), (65, 130), (130, 65), (127, 200), (1, 300), (300, 1), (130, 2100)]
 DTYPES = [torch.bfloat16, torch.float16]
 HEAD_DIMS = [64, 128]
 HEADS = [(2, 2), (4, 1)]  # (query heads, key/value heads)

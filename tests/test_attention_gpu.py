@@ -282,16 +282,17 @@ def _sm90_or_skip():
 
 # The sm90 forward at d64 splits the non-causal tasks left over after the grid's full rounds
 # over their key tiles, in a power of two pieces of at least 4 tiles each that fit in one round
-# (csrc/attention/task_order.h: split_last_round), and merges the pieces' partial results.
-# Tasks are 192 query rows of one (batch, head). The cases, with S the SM count: fewer tasks
-# than SMs (2 heads x 2 query blocks => 8 pieces of 4-5 tiles, the last one partial), full
-# rounds and 2 tasks more (S + 2 heads of one query block => 2 pieces of 4 tiles), and GQA
-# (16 tasks, 4 pieces). d128 (which does not split) runs the same cases.
+# and take at least 12 tiles off the longest task (csrc/attention/task_order.h:
+# split_last_round), and merges the pieces' partial results. Tasks are 192 query rows of one
+# (batch, head). The cases, with S the SM count: fewer tasks than SMs (2 heads x 2 query
+# blocks => 8 pieces of 4-5 tiles, the last one partial), full rounds and 2 tasks more (S + 2
+# heads of one query block => 8 pieces of 4 tiles), and GQA (16 tasks, 4 pieces). d128, which
+# does not split, runs the same cases.
 def _split_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     return [  # batch, heads_q, heads_kv, len_q, len_kv
         (1, 2, 2, 300, 4097),
-        (1, sms + 2, sms + 2, 100, 1000),
+        (1, sms + 2, sms + 2, 100, 4000),
         (2, 8, 2, 128, 2000),
     ]
 

@@ -73,9 +73,14 @@ struct TailSplit {
     int piece_shift;  // 0: nothing split
 };
 
-// At least this many key tiles per piece: a piece's fp32 partial O is written, and read back
-// by the merge, which costs about what half a tile's products do.
+// At least this many key tiles per piece, and a split only where it takes at least
+// MIN_TILES_SAVED tiles off the last round's longest task: splitting costs a fixed 7-9 us
+// (the partial results written, fenced, counted, read back and merged, the merged rows stored
+// from registers), about what 4-6 d64 tiles take. Session 16, forward kernel us unsplit ->
+// split, d64, 4 tasks: 8 tiles in 2 pieces 14.9 -> 18.5, 16 tiles in 4 pieces 26.2 -> 20.4,
+// 32 in 8 49.1 -> 26.8; 64 tasks, 16 tiles in 2 pieces 27.2 -> 27.6.
 constexpr int MIN_TILES_PER_PIECE = 4;
+constexpr int MIN_TILES_SAVED = 12;
 constexpr int MAX_PIECE_SHIFT = 6;  // 64 pieces; with < 2^24 tiles, piece * tiles fits an int
 
 inline TailSplit split_last_round(int64_t tasks, int grid, int tiles_per_task) {
@@ -86,7 +91,8 @@ inline TailSplit split_last_round(int64_t tasks, int grid, int tiles_per_task) {
     const int64_t most = by_grid < by_tiles ? by_grid : by_tiles;
     int shift = 0;
     while (shift < MAX_PIECE_SHIFT && (int64_t(2) << shift) <= most) shift++;
-    if (shift == 0) return {int(tasks), 0, 0};
+    const int64_t longest_piece = (tiles_per_task + (int64_t(1) << shift) - 1) >> shift;
+    if (shift == 0 || tiles_per_task - longest_piece < MIN_TILES_SAVED) return {int(tasks), 0, 0};
     return {int(tasks - left), int(left), shift};
 }
 

@@ -72,10 +72,14 @@ static void check_split(int64_t tasks, int grid, int tiles) {
     if (split.piece_shift == 0) {
         CHECK(split.split_tasks == 0, "T%lld G%d: %d tasks split in one piece", (long long)tasks, grid,
               split.split_tasks);
-        // Nothing split only when nothing is left over, or a split would not fit in the round
-        // or would make pieces of fewer than MIN_TILES_PER_PIECE tiles.
+        // Nothing split only when nothing is left over, or a split would not fit in the round,
+        // would make pieces of fewer than MIN_TILES_PER_PIECE tiles or would save fewer than
+        // MIN_TILES_SAVED tiles even in as many pieces as fit.
         const int64_t left = tasks % grid;
-        CHECK(left == 0 || 2 * left > grid || tiles < 2 * MIN_TILES_PER_PIECE, "T%lld G%d K%d: not split",
+        int64_t most = left > 0 ? std::min<int64_t>(grid / left, tiles / MIN_TILES_PER_PIECE) : 0;
+        int64_t fit = 1;
+        while (fit * 2 <= most && fit < (1 << MAX_PIECE_SHIFT)) fit *= 2;
+        CHECK(left == 0 || fit < 2 || tiles - (tiles + fit - 1) / fit < MIN_TILES_SAVED, "T%lld G%d K%d: not split",
               (long long)tasks, grid, tiles);
         return;
     }
@@ -95,15 +99,21 @@ static void check_split(int64_t tasks, int grid, int tiles) {
     CHECK(next == tiles, "K%d, %d pieces end at %d", tiles, pieces, next);
     CHECK(smallest >= MIN_TILES_PER_PIECE && largest - smallest <= 1, "K%d, %d pieces: %d..%d tiles", tiles, pieces,
           smallest, largest);
+    CHECK(tiles - largest >= MIN_TILES_SAVED, "K%d, %d pieces: the longest has %d tiles", tiles, pieces, largest);
 }
 
 int main() {
     for (int grid : {1, 7, 132, 114})
         for (int64_t tasks = 1; tasks <= 3 * grid + 1; tasks++)
             for (int tiles : {1, 4, 7, 8, 9, 16, 33, 64, 257, 4096}) check_split(tasks, grid, tiles);
-    check_split(4096, 132, 16);           // b8 hq32 n2048 d128: 4 tasks left, 4 pieces of 4 tiles
-    check_split(3072, 132, 12);           // b16 h16 n1536 d128: 36 left, 2 pieces
+    check_split(4096, 132, 24);           // b16 h16 n3072 d64: 4 tasks left, 4 pieces of 6 tiles
+    check_split(4, 132, 8);               // 4 tasks of 8 tiles: not split (2 pieces would save 4 tiles)
     check_split(0x7fffff00, 132, 1 << 24);  // the largest sizes: no overflow in piece_tiles
+    // The measured cases (task_order.h): split where it paid, not where it cost.
+    CHECK(split_last_round(4096, 132, 24).piece_shift == 2, "b16 h16 n3072 d64: 4 pieces");
+    CHECK(split_last_round(4, 132, 16).piece_shift == 2, "4 tasks of 16 tiles: 4 pieces");
+    CHECK(split_last_round(4, 132, 8).piece_shift == 0, "4 tasks of 8 tiles: none");
+    CHECK(split_last_round(64, 132, 16).piece_shift == 0, "64 tasks of 16 tiles: none");
 
     for (int heads = 1; heads <= 80; heads++)
         for (int max_heads = 1; max_heads <= heads + 1; max_heads++)
