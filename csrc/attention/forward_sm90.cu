@@ -58,10 +58,12 @@ constexpr float LOG2E = 1.4426950408889634f;
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
-// d128 yet: the piece code moved ptxas's placement of the P V wait among the exponentials in
-// the d128 loop (SASS), and the d128 forward measured 1-2% slower on every non-causal config,
+// d128: the piece code moved ptxas's placement of the P V wait among the exponentials in the
+// d128 loop (SASS), and the d128 forward measured 1-2% slower on every non-causal config,
 // split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
-// 814); d64, 3-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259).
+// 814); with the pieces in a launch of their own the loop kept its schedule, but the split's
+// fixed cost (7-9 us) outweighed the d128 last rounds it replaced (benchmarks/NOTES.md). d64:
+// 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259 us).
 template <int D> constexpr bool SPLITS_LAST_ROUND = D <= 64;
 
 template <typename T, int D, int C>
