@@ -45,14 +45,20 @@ def kernel_must_run_here():
 KERNEL_OPS = {"sm80": torch.ops.tk.attention_fwd, "sm90": torch.ops.tk.attention_fwd_sm90}
 
 
-@pytest.fixture(params=sorted(KERNEL_OPS))
-def kernel(request):
-    """A kernel family that runs on this GPU (sm90 needs an sm_90 GPU and a 90a build)."""
+def skip_unless_kernel_runs(family):
+    """Skips the test unless kernel family `family` runs on this GPU (sm90 needs an sm_90 GPU
+    and a 90a build)."""
     q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
-    with tk.use_kernel(request.param):
+    with tk.use_kernel(family):
         plan = tk.explain(q, q, q)
     if not plan.uses_kernel:
-        pytest.skip(f"{request.param} kernel unavailable here: {plan.reason}")
+        pytest.skip(f"{family} kernel unavailable here: {plan.reason}")
+
+
+@pytest.fixture(params=sorted(KERNEL_OPS))
+def kernel(request):
+    """A kernel family that runs on this GPU."""
+    skip_unless_kernel_runs(request.param)
     return request.param
 
 
@@ -272,14 +278,6 @@ def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal, kernel):
     assert_close_to_reference(out, q, k, v, causal, 0.125, lse)
 
 
-def _sm90_or_skip():
-    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16)
-    with tk.use_kernel("sm90"):
-        plan = tk.explain(q, q, q)
-    if not plan.uses_kernel:
-        pytest.skip(f"sm90 kernel unavailable here: {plan.reason}")
-
-
 # The sm90 forward at d64 splits the non-causal tasks left over after the grid's full rounds
 # over their key tiles, in a power of two pieces of at least 4 tiles each that fit in one round
 # and take at least 12 tiles off the longest task (csrc/attention/task_order.h:
@@ -301,7 +299,7 @@ def _split_cases():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_forward_split_last_round(shape, head_dim, dtype):
-    _sm90_or_skip()
+    skip_unless_kernel_runs("sm90")
     batch, heads_q, heads_kv, len_q, len_kv = shape
     seeded("split", shape, head_dim, dtype)
     q, k, v = make_qkv(batch, heads_q, heads_kv, len_q, len_kv, head_dim, dtype)

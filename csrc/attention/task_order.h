@@ -56,8 +56,6 @@ inline int heads_sharing_l2(int64_t bytes_per_head, int64_t l2_bytes, int64_t he
     return int(fit < 1 ? 1 : fit > heads_total ? heads_total : fit);
 }
 
-}  // namespace tk::attention
-
 // The non-causal forward's last round. Its tasks are all the same size and go round robin, so
 // when they are not a whole number of rounds of the grid the last round runs only the few
 // left over, on as few SMs, for a whole task's time (b8 hq32 n2048 d128: 4096 tasks are 31
@@ -104,3 +102,5 @@ struct TileRange {
 KITTENS_HOST_DEVICE TileRange piece_tiles(int piece, int shift, int tiles) {
     return {(piece * tiles) >> shift, ((piece + 1) * tiles) >> shift};
 }
+
+}  // namespace tk::attention
