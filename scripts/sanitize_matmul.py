@@ -5,7 +5,8 @@
 
 Calls torch.ops.tk.matmul directly (no fallback can hide a kernel problem) on partial tiles in
 every dim, every operand layout (row-major, and column-major views like x.mT), broadcast
-batches, and output widths that TMA cannot store (N % 8 != 0, the register-store epilogue).
+batches, output widths that TMA cannot store (N % 8 != 0, the register-store epilogue), and
+shapes whose K is split over several blocks (split-K's workspace and arrival counters).
 Inputs are made on the CPU, and the reference is computed there, so the only GPU work is
 copies and our kernel. Exits non-zero on any mismatch.
 """
@@ -18,8 +19,10 @@ import torch
 import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
 
 # (batch_a, batch_b, M, N, K); K is a multiple of 8, so A row-major and B column-major are always readable.
+# The last three split K over several blocks (split-K: few output tiles, long K).
 SHAPES = [(1, 1, 1, 8, 8), (1, 1, 17, 40, 24), (1, 1, 130, 264, 72), (2, 2, 65, 300, 136),
-          (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16)]
+          (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16),
+          (1, 1, 17, 264, 512), (2, 2, 65, 300, 1000), (1, 1, 130, 264, 4096)]
 DTYPES = [torch.bfloat16, torch.float16]
 
 

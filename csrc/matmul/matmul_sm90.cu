@@ -17,8 +17,15 @@
 //   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
 //   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
 //   with bounds checks instead.
+// - split-K (matmul_params.h: SplitK): when even 128 x 128 tiles leave most SMs idle (small M
+//   or N), the blocks of one tile take equal shares of its K steps. Each warp writes its fp32
+//   partial rows to a workspace and counts itself in; the last of a row slice's warps to arrive
+//   sums the slice's partials in split order (the same sum whatever the arrival order) and
+//   stores them, bounds-checked, from registers.
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -35,11 +42,46 @@ constexpr int BM = 128, BK = 64;
 constexpr int WIDE = 256, NARROW = 128;  // the tile widths (BN)
 constexpr int STAGES = 4;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
+constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups, their warps
 
-template <typename T, bool A_T, bool B_T, bool C_TMA, int BN>
+// A warp's 16 accumulator rows to / from a slice of the split-K workspace, in register order:
+// float4 f of every lane is at float4 index f * 32 + lane, so each access is one coalesced
+// 512-byte row. Whoever reads a slice back is the same lane of a warp holding the same rows.
+template <int BN>
+__device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN>& acc) {
+    float4* out = reinterpret_cast<float4*>(slice) + kt::lane_id();
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++) {
+        const auto& d = acc.tiles[0][j].data;
+        out[(2 * j) * 32] = make_float4(d[0].x, d[0].y, d[1].x, d[1].y);
+        out[(2 * j + 1) * 32] = make_float4(d[2].x, d[2].y, d[3].x, d[3].y);
+    }
+}
+// acc = slice (add: acc += slice). Through L2 only (ld.global.cg): other SMs wrote it.
+template <bool ADD, int BN>
+__device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* slice) {
+    const float4* in = reinterpret_cast<const float4*>(slice) + kt::lane_id();
+#pragma unroll
+    for (int j = 0; j < BN / 16; j++) {
+        auto& d = acc.tiles[0][j].data;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float4 v = __ldcg(in + (2 * j + h) * 32);
+            if constexpr (ADD) {
+                d[2 * h].x += v.x, d[2 * h].y += v.y, d[2 * h + 1].x += v.z, d[2 * h + 1].y += v.w;
+            } else {
+                d[2 * h].x = v.x, d[2 * h].y = v.y, d[2 * h + 1].x = v.z, d[2 * h + 1].y = v.w;
+            }
+        }
+    }
+}
+
+// SPLIT: split-K (see the top); C is then stored from registers, so C_TMA does not matter.
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
 struct Layout {
     static_assert(BN == WIDE || BN == NARROW, "matmul: tiles are 256 or 128 columns wide");
-    static constexpr int consumer_warpgroups = 2, stages = STAGES, release_lag = 1;
+    static_assert(!SPLIT || BN == NARROW, "matmul: split-K is for narrow tiles (too few tiles for the SMs)");
+    static constexpr int consumer_warpgroups = CONSUMERS, stages = STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
@@ -51,7 +93,7 @@ struct Layout {
         c_tile c[2][2];  // [consumer][alternating buffer]
     };
     struct no_outputs {};
-    using outputs = std::conditional_t<C_TMA, staged_outputs, no_outputs>;
+    using outputs = std::conditional_t<C_TMA && !SPLIT, staged_outputs, no_outputs>;
     static constexpr uint32_t input_bytes = kt::tma::tile_bytes<a_tile>() + kt::tma::tile_bytes<b_tile>();
 
     struct globals {
@@ -60,10 +102,17 @@ struct Layout {
         int batch, k;
         int m_tiles, n_tiles;
         bool a_batched, b_batched;  // false: batch 1, broadcast
+        // Split-K (SPLIT only): blocks per tile, K steps in all, the workspace.
+        int splits, k_steps;
+        float* partials;  // [tile][split][warp slot 0..7][16 x BN]
+        int* arrivals;    // [tile][warp slot]
     };
     struct task {
         int batch, m_tile, n_tile;
+        int tile, split;  // SPLIT only: the tile's index and this block's share of its K steps
     };
+    // The first K step of share `split` (shares differ by at most one step).
+    __device__ static int first_step(int split, const globals& g) { return split * g.k_steps / g.splits; }
     struct registers {
         kt::rt_fl<16, BN> acc;  // this warp's 16 rows of its warpgroup's 64
     };
@@ -71,6 +120,12 @@ struct Layout {
     __device__ static bool get_task(task& t, int index, const globals& g) {
         constexpr int GROUP = 8;
         const int per_batch = g.m_tiles * g.n_tiles;
+        if constexpr (SPLIT) {  // the shares of a tile are consecutive tasks
+            if (index >= per_batch * g.batch * g.splits) return false;
+            t.split = index % g.splits;
+            index /= g.splits;
+            t.tile = index;
+        }
         if (index >= per_batch * g.batch) return false;
         t.batch = index / per_batch;
         const int local = index % per_batch;
@@ -80,9 +135,13 @@ struct Layout {
         t.n_tile = in_group / rows;
         return true;
     }
-    __device__ static int iterations(const task&, const globals& g) { return kt::ceil_div(g.k, BK); }
+    __device__ static int iterations(const task& t, const globals& g) {
+        if constexpr (SPLIT) return first_step(t.split + 1, g) - first_step(t.split, g);
+        else return kt::ceil_div(g.k, BK);
+    }
 
     __device__ static void load(inputs& in, const task& t, int it, const globals& g, kt::semaphore& sem) {
+        if constexpr (SPLIT) it += first_step(t.split, g);
         const int ab = g.a_batched ? t.batch : 0, bb = g.b_batched ? t.batch : 0;
         kt::tma::load_async(in.a, &g.a_map, A_T ? kt::coord{ab, 0, it, t.m_tile} : kt::coord{ab, 0, t.m_tile, it}, sem);
         kt::tma::load_async(in.b, &g.b_map, B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile}, sem);
@@ -108,7 +167,9 @@ struct Layout {
     __device__ static void drain(registers&, int) { kt::wgmma::wait<0>(); }
 
     __device__ static void finish(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
-        if constexpr (C_TMA) {
+        if constexpr (SPLIT) {
+            finish_split(r, t, g, consumer);
+        } else if constexpr (C_TMA) {
             const int row_tile = t.m_tile * (BM / 64) + consumer;  // in 64-row units
             const int barrier = 1 + consumer;                      // named barrier of this warpgroup
             const bool issuer = kt::warpgroup::thread() == 0;
@@ -132,8 +193,26 @@ struct Layout {
             kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * BM + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
         }
     }
+    // Split-K: per warp, independently of the others (no barrier), see the top.
+    __device__ static void finish_split(registers& r, const task& t, const globals& g, int consumer) {
+        const int warp = kt::warpgroup::warp(), slot = consumer * 4 + warp;
+        const int row16 = (t.m_tile * BM + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
+        if (row16 * 16 >= g.c.rows()) return;  // all past M: no share of this slice stores anything
+        float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
+        auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
+        store_slice(slice(t.split), r.acc);
+        __threadfence();  // the slice is visible before the arrival is
+        __syncwarp();
+        int arrived = 0;
+        if (kt::lane_id() == 0) arrived = atomicAdd(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, 1);
+        if (__shfl_sync(0xffffffffu, arrived, 0) != g.splits - 1) return;  // not the last
+        __threadfence();  // the other shares' slices, seen after their arrivals
+        load_slice<false>(r.acc, slice(0));
+        for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split));
+        kt::store(g.c, r.acc, kt::coord{t.batch, 0, row16, t.n_tile});
+    }
     __device__ static void cleanup(outputs&, int) {
-        if constexpr (C_TMA)
+        if constexpr (C_TMA && !SPLIT)
             if (kt::warpgroup::thread() == 0) kt::tma::store_wait<0>();
     }
 };
@@ -151,21 +230,23 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
                      int64_t(r) * op.leading_stride, op.leading_stride);
 }
 
-template <typename T, bool A_T, bool B_T, bool C_TMA, int BN>
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT>
 cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
-    using L = Layout<T, A_T, B_T, C_TMA, BN>;
+    using L = Layout<T, A_T, B_T, C_TMA, BN, SPLIT>;
     const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
     const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
     CUtensorMap a_map, b_map, c_map{};
     if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
-    if constexpr (C_TMA)
+    if constexpr (C_TMA && !SPLIT)
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    const int splits = SPLIT ? matmul_sm90_split_k(p).splits : 1;
     const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.k,
-                                kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1};
+                                kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1,
+                                splits, kt::ceil_div(p.k, BK), p.partials, p.arrivals};
 
-    const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch;
+    const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch * splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     const int sms = p.multiprocessors;
     if (sms <= 0) return cudaErrorInvalidDevice;
@@ -183,12 +264,13 @@ struct Entry {
     ElementType dtype;
     bool a_transposed, b_transposed, c_tma;
     int bn;
+    bool split;
     cudaError_t (*run)(const MatmulParams&, cudaStream_t);
 };
 // One row, its key fields taken from the instantiation they select.
-template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN>
+template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
 constexpr Entry entry() {
-    return {E, A_T, B_T, C_TMA, BN, launch<T, A_T, B_T, C_TMA, BN>};
+    return {E, A_T, B_T, C_TMA, BN, SPLIT, launch<T, A_T, B_T, C_TMA, BN, SPLIT>};
 }
 template <typename T, ElementType E>
 constexpr Entry entries[] = {
@@ -198,6 +280,8 @@ constexpr Entry entries[] = {
     entry<T, E, true, false, false, WIDE>(),    entry<T, E, true, true, false, WIDE>(),
     entry<T, E, false, false, true, NARROW>(),  entry<T, E, false, true, true, NARROW>(),
     entry<T, E, true, false, true, NARROW>(),   entry<T, E, true, true, true, NARROW>(),
+    entry<T, E, false, false, true, NARROW, true>(), entry<T, E, false, true, true, NARROW, true>(),
+    entry<T, E, true, false, true, NARROW, true>(),  entry<T, E, true, true, true, NARROW, true>(),
 };
 
 // Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
@@ -207,14 +291,36 @@ int tile_width(const MatmulParams& p, bool c_tma) {
     return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
 }
 
+// C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
+bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
+
+// EXPERIMENT knobs (to be fixed as constants): fewest K steps per share, most shares.
+int env_int(const char* name, int fallback) {
+    const char* v = std::getenv(name);
+    return v ? std::atoi(v) : fallback;
+}
+
 }  // namespace
 
+SplitK matmul_sm90_split_k(const MatmulParams& p) {
+    constexpr SplitK none{1, 0, 0};
+    if (tile_width(p, c_by_tma(p)) != NARROW || p.multiprocessors <= 0) return none;
+    const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
+    const int64_t k_steps = kt::ceil_div(p.k, BK);
+    const int min_steps = std::max(1, env_int("TK_MM_SPLIT_MIN", 4));
+    const int64_t splits = std::min<int64_t>({p.multiprocessors / tiles, k_steps / min_steps, env_int("TK_MM_SPLIT_MAX", 64)});
+    if (splits < 2) return none;
+    return {int(splits), tiles * splits * BM * NARROW, tiles * WARP_SLOTS};
+}
+
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
-    const bool c_tma = p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0;
+    const bool c_tma = c_by_tma(p);
     const int bn = tile_width(p, c_tma);
+    const bool split = matmul_sm90_split_k(p).splits > 1;
+    if (split && (p.partials == nullptr || p.arrivals == nullptr)) return cudaErrorInvalidValue;
     auto matches = [&](const Entry& e) {
         return e.dtype == p.dtype && e.a_transposed == p.a.transposed && e.b_transposed == p.b.transposed &&
-               e.c_tma == c_tma && e.bn == bn;
+               e.c_tma == c_tma && e.bn == bn && e.split == split;
     };
     for (const Entry& e : entries<kt::bf16, ElementType::bf16>)
         if (matches(e)) return e.run(p, stream);
