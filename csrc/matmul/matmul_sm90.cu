@@ -307,7 +307,7 @@ SplitK matmul_sm90_split_k(const MatmulParams& p) {
     if (tile_width(p, c_by_tma(p)) != NARROW || p.multiprocessors <= 0) return none;
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
     const int64_t k_steps = kt::ceil_div(p.k, BK);
-    const int min_steps = std::max(1, env_int("TK_MM_SPLIT_MIN", 4));
+    const int min_steps = std::max(1, env_int("TK_MM_SPLIT_MIN", 48));
     const int64_t splits = std::min<int64_t>({p.multiprocessors / tiles, k_steps / min_steps, env_int("TK_MM_SPLIT_MAX", 64)});
     if (splits < 2) return none;
     return {int(splits), tiles * splits * BM * NARROW, tiles * WARP_SLOTS};
