@@ -22,7 +22,7 @@ import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
 # The last three split K over several blocks (split-K: few output tiles, long K).
 SHAPES = [(1, 1, 1, 8, 8), (1, 1, 17, 40, 24), (1, 1, 130, 264, 72), (2, 2, 65, 300, 136),
           (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16),
-          (1, 1, 17, 264, 512), (2, 2, 65, 300, 1000), (1, 1, 130, 264, 4096)]
+          (1, 1, 17, 264, 6144), (2, 2, 65, 300, 8192), (1, 1, 130, 264, 16384)]
 DTYPES = [torch.bfloat16, torch.float16]
 
 

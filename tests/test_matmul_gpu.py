@@ -150,19 +150,20 @@ def test_2d_matches_reference(kernel, mnk, dtype):
 
 # ---- split-K -------------------------------------------------------------------------------
 
-# Few output tiles and a long K: the kernel shares each tile's K steps among several blocks
-# (split-K) on a GPU with 132 SMs, like the H100/H200: 32 tiles x 4 shares, 64 tiles x 2, K
-# steps that do not divide evenly (65 over 4), partial tiles in M and N, 16 shares of 3 tiles,
-# batches. Each is checked against the reference on poisoned output memory, and for a
-# bitwise-repeatable result (the partials are summed in a fixed order).
+# Few output tiles and a long K: on a GPU with 132 SMs (H100/H200) the kernel shares each tile's
+# K steps among several blocks (split-K, at least 48 steps each): 32 tiles x 4 shares, 64 x 2,
+# K steps that do not divide evenly (225 over 4), 3 shares (not a power of two) with partial
+# tiles in M and N, 10 shares, batches, a broadcast operand. Each is checked against the
+# reference on poisoned output memory, and for a bitwise-repeatable result (the partials are
+# summed in split order whichever block finishes last).
 SPLIT_K = {
-    "decode-16x4096x4096": (1, 1, 16, 4096, 4096),
-    "1000x1000x1000": (1, 1, 1000, 1000, 1000),
-    "uneven-k-33x4096x4160": (1, 1, 33, 4096, 4160),
-    "partial-300x640x3000": (1, 1, 300, 640, 3000),
-    "deep-130x264x8192": (1, 1, 130, 264, 8192),
-    "batched-3x100x256x2048": (3, 3, 100, 256, 2048),
-    "broadcast-b-4x1x64x512x4096": (4, 1, 64, 512, 4096),
+    "skinny-16x4096x14336": (1, 1, 16, 4096, 14336),
+    "1000x1000x8192": (1, 1, 1000, 1000, 8192),
+    "uneven-k-33x4096x14344": (1, 1, 33, 4096, 14344),
+    "partial-300x640x12000": (1, 1, 300, 640, 12000),
+    "deep-130x264x32768": (1, 1, 130, 264, 32768),
+    "batched-3x100x256x8192": (3, 3, 100, 256, 8192),
+    "broadcast-b-4x1x64x512x8192": (4, 1, 64, 512, 8192),
 }
 
 

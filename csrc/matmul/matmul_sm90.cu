@@ -25,7 +25,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -294,11 +293,12 @@ int tile_width(const MatmulParams& p, bool c_tma) {
 // C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
 bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
 
-// EXPERIMENT knobs (to be fixed as constants): fewest K steps per share, most shares.
-int env_int(const char* name, int fallback) {
-    const char* v = std::getenv(name);
-    return v ? std::atoi(v) : fallback;
-}
+// Split-K's fixed cost (zeroing the arrival counters, writing and re-reading the partials, the
+// fences) pays only over long shares. Measured (session 17, us per call, unsplit -> split):
+// 16x4096x14336 (32 tiles, 4 shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35,
+// 1024x1024x8192 (64 tiles, 2 shares of 64) 44 -> 40; shares of 32 steps lost (16x4096x4096
+// 24.0 -> 28.4, 256x4096x4096 25.6 -> 28.1), and so did all shorter ones (1024^3 10.5 -> 18.1).
+constexpr int MIN_SPLIT_STEPS = 48;
 
 }  // namespace
 
@@ -307,8 +307,7 @@ SplitK matmul_sm90_split_k(const MatmulParams& p) {
     if (tile_width(p, c_by_tma(p)) != NARROW || p.multiprocessors <= 0) return none;
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
     const int64_t k_steps = kt::ceil_div(p.k, BK);
-    const int min_steps = std::max(1, env_int("TK_MM_SPLIT_MIN", 48));
-    const int64_t splits = std::min<int64_t>({p.multiprocessors / tiles, k_steps / min_steps, env_int("TK_MM_SPLIT_MAX", 64)});
+    const int64_t splits = std::min(p.multiprocessors / tiles, k_steps / MIN_SPLIT_STEPS);
     if (splits < 2) return none;
     return {int(splits), tiles * splits * BM * NARROW, tiles * WARP_SLOTS};
 }
