@@ -110,8 +110,9 @@ struct Layout {
         int batch, m_tile, n_tile;
         int tile, split;  // SPLIT only: the tile's index and this block's share of its K steps
     };
-    // The first K step of share `split` (shares differ by at most one step).
-    __device__ static int first_step(int split, const globals& g) { return split * g.k_steps / g.splits; }
+    // The first K step of share `split` (shares differ by at most one step; 64-bit: the product
+    // can pass 2^31 for a K of a few hundred million).
+    __device__ static int first_step(int split, const globals& g) { return int(int64_t(split) * g.k_steps / g.splits); }
     struct registers {
         kt::rt_fl<16, BN> acc;  // this warp's 16 rows of its warpgroup's 64
     };
