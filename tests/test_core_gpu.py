@@ -228,6 +228,27 @@ def test_vector_global(core, dtype, case, layout, through_shared):
     assert_same(dump, padded_tile(base, at, (1, VEC_LEN), rows, cols))
 
 
+ARRIVAL_WARPS = 4  # per block (memory_ops.cu)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 132, 1000])
+def test_arrive_last(core, blocks):
+    """arrive_last: of the blocks' warps arriving at one counter, exactly one is last, and it
+    reads every block's part (integer-valued floats, so the sum is exact in any order)."""
+    values = torch.randint(-1000, 1000, (blocks, ARRIVAL_WARPS), device="cuda").float()
+    parts = nans(blocks, ARRIVAL_WARPS)
+    counters = torch.zeros(ARRIVAL_WARPS, dtype=torch.int32, device="cuda")
+    lasts = torch.zeros(ARRIVAL_WARPS, dtype=torch.int32, device="cuda")
+    sums = nans(ARRIVAL_WARPS)
+    core.last_arrival(values.data_ptr(), parts.data_ptr(), counters.data_ptr(), sums.data_ptr(),
+                      lasts.data_ptr(), blocks, stream())
+    torch.cuda.synchronize()
+    assert counters.tolist() == [blocks] * ARRIVAL_WARPS
+    assert lasts.tolist() == [1] * ARRIVAL_WARPS
+    assert_same(parts, values)
+    assert_same(sums, values.sum(dim=0))
+
+
 # ---------------------------------------------------------------------------------------------
 # maps, broadcasts, masks, fills, reductions (ids: tests/core_kernels/tile_ops.cu)
 # ---------------------------------------------------------------------------------------------

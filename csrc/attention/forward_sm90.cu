@@ -339,21 +339,11 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     const int piece_row_tile = consumer * 4 + warp;  // in 16-row units
     // After a piece's rows are closed (O normalised): writes this warp's to the piece's slot, and
     // tells whether it is the last of the task's pieces to have done so (then it merges them).
-    // The writes are fenced before the count, and the count before the merge's reads, at GPU
-    // scope.
     auto piece_done_last = [&](const Task& t) {
         kt::store(partial_o(), o, kt::coord{t.piece, 0, piece_row_tile, 0});
         kt::store(partial_lse(), lse, kt::coord{t.piece, 0, 0, piece_row_tile});
-        __threadfence();
-        __syncwarp();
-        int done = 0;
-        if (kt::lane_id() == 0) {
-            const int counter = ((t.piece >> g.piece_shift) * CONSUMERS + consumer) * 4 + warp;
-            done = atomicAdd(g.pieces_done + counter, 1) + 1;
-        }
-        const bool last = __shfl_sync(0xffffffffu, done, 0) == 1 << g.piece_shift;
-        if (last) __threadfence();
-        return last;
+        const int counter = ((t.piece >> g.piece_shift) * CONSUMERS + consumer) * 4 + warp;
+        return kt::arrive_last(g.pieces_done + counter, 1 << g.piece_shift);
     };
     // The last piece's warp: o and lse become the whole task's, from the pieces' partial results
     // in piece order (not arrival order, so the output is the same on every run):

@@ -201,12 +201,7 @@ struct Layout {
         float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
         auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
         store_slice(slice(t.split), r.acc);
-        __threadfence();  // the slice is visible before the arrival is
-        __syncwarp();
-        int arrived = 0;
-        if (kt::lane_id() == 0) arrived = atomicAdd(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, 1);
-        if (__shfl_sync(0xffffffffu, arrived, 0) != g.splits - 1) return;  // not the last
-        __threadfence();  // the other shares' slices, seen after their arrivals
+        if (!kt::arrive_last(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, g.splits)) return;
         load_slice<false>(r.acc, slice(0));
         for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split));
         kt::store(g.c, r.acc, kt::coord{t.batch, 0, row16, t.n_tile});

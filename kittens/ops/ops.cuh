@@ -7,4 +7,5 @@
 #include "warp/register/mma.cuh"
 #include "warp/memory/shared_register.cuh"
 #include "warp/memory/global_register.cuh"
+#include "warp/memory/last_arrival.cuh"
 #include "group/group.cuh"

@@ -39,6 +39,11 @@ void vector_global(int dtype, const gl_args& in, const gl_args& out, const gl_ar
 void tile_op(int dtype, int layout, int op, const gl_args& a, const gl_args& b, const gl_args& v, const gl_args& u,
              float s, const gl_args& out, const gl_args& vec_out, int64_t stream);
 
+// arrive_last on `blocks` blocks of 4 warps: values/parts (blocks x 4 floats), counters and
+// lasts (4 zeroed ints), sums (4 floats); pointers as ints.
+void last_arrival(int64_t values, int64_t parts, int64_t counters, int64_t sums, int64_t lasts, int blocks,
+                  int64_t stream);
+
 // Register tile conversion (op ids in conversion_ops.cu) of a 32x64 tile.
 void convert(int in_dtype, int out_dtype, int op, const gl_args& in, const gl_args& out, int64_t stream);
 

@@ -1,6 +1,7 @@
 // Memory movement tests: global <-> shared (warp / warpgroup, sync / cp.async,
 // bounded), shared <-> register (ldmatrix and element paths, sub-tile views),
-// global <-> register tiles and vectors (bounded).
+// global <-> register tiles and vectors (bounded), and arrive_last (parts combined by the last
+// block to finish).
 #include "common.cuh"
 
 namespace tk_test {
@@ -153,6 +154,34 @@ void vector_global(int dtype, const gl_args& in, const gl_args& out, const gl_ar
                                                                   make_coord(at), layout, through_shared);
         check_launch("vector_global");
     });
+}
+
+// ---------------------------------------------------------------------------
+// arrive_last: warp w of every block writes its value to parts[block][w] and arrives at
+// counters[w]; the last warp to arrive for w sums all blocks' parts in block order into
+// sums[w], and counts itself in lasts[w] (which must end at 1).
+// ---------------------------------------------------------------------------
+constexpr int kArrivalWarps = 4;
+
+__global__ void __launch_bounds__(kArrivalWarps * 32)
+    last_arrival_kernel(const float* values, float* parts, int* counters, float* sums, int* lasts) {
+    const int w = warp_id(), slot = blockIdx.x * kArrivalWarps + w;
+    if (lane_id() == 0) parts[slot] = values[slot];
+    if (!arrive_last(counters + w, gridDim.x)) return;
+    if (lane_id() == 0) {
+        float sum = 0.f;
+        for (int b = 0; b < int(gridDim.x); b++) sum += __ldcg(parts + b * kArrivalWarps + w);
+        sums[w] = sum;
+        atomicAdd(lasts + w, 1);
+    }
+}
+
+void last_arrival(int64_t values, int64_t parts, int64_t counters, int64_t sums, int64_t lasts, int blocks,
+                  int64_t stream) {
+    last_arrival_kernel<<<blocks, kArrivalWarps * 32, 0, as_stream(stream)>>>(
+        reinterpret_cast<const float*>(values), reinterpret_cast<float*>(parts), reinterpret_cast<int*>(counters),
+        reinterpret_cast<float*>(sums), reinterpret_cast<int*>(lasts));
+    check_launch("last_arrival");
 }
 
 }  // namespace tk_test
