@@ -195,13 +195,18 @@ def test_register_global(core, types, case, layout):
     batch, heads, rows, cols, stride, at = case
     base = randn(batch, heads, rows, stride, dtype=g)
     out_base = torch.full_like(base, NAN)
+    # store_transposed's target: the transpose of the output's shape, its own odd row stride.
+    out_t_base = nans(batch, heads, cols, rows + 3, dtype=g)
     dump = nans(*REG_TILE, dtype=g)
     core.register_global(CODES[g], CODES[r], gl(with_stride(base, cols)), gl(with_stride(out_base, cols)),
-                         gl(dump), list(at), layout, stream())
+                         gl(with_stride(out_t_base, rows)), gl(dump), list(at), layout, stream())
     rounded = base.to(r).to(g)  # what survives the register precision
     expected = torch.full_like(base, NAN)
     tile_region(expected, rounded, at, REG_TILE, rows, cols)
     assert_same(out_base, expected)
+    expected_t = nans(batch, heads, cols, rows + 3, dtype=g)
+    expected_t[..., :rows] = expected[..., :cols].transpose(-1, -2)
+    assert_same(out_t_base, expected_t)
     assert_same(dump, padded_tile(rounded, at, REG_TILE, rows, cols))
 
 

@@ -109,6 +109,16 @@ def tma_readable_2d(m, n, k):
     return a_ok and b_ok
 
 
+def padded_operand(batch, rows, cols, column_major, dtype):
+    """A (batch, rows, cols) operand, row-major or column-major, its leading stride rounded up to
+    a multiple of 8 elements (what TMA needs) so that odd sizes work in either layout."""
+    def pad8(x):
+        return -(-x // 8) * 8
+    if column_major:
+        return randn((batch, cols, pad8(rows)), dtype)[..., :rows].mT
+    return randn((batch, rows, pad8(cols)), dtype)[..., :cols]
+
+
 def dtype_id(dtype):
     return str(dtype).removeprefix("torch.")
 
@@ -178,6 +188,40 @@ def test_split_k_matches_reference(kernel, case, b_t, dtype):
     out = call_op_on_poisoned_memory(a, b)
     assert_close_to_reference(out, a, b)
     assert torch.equal(torch.ops.tk.matmul(a, b), out), "split-K result not bitwise repeatable"
+
+
+# ---- skinny products ------------------------------------------------------------------------
+
+# A side of C of at most 64 (decode-size M, or a narrow N) runs on 128 x 64 tiles with that side
+# as the short one; a short M runs swapped (C^T = B^T A^T, C stored transposed from registers).
+# Cases: M = 1 and 16 at decode sizes (split 4 ways, and 112 tiles unsplit), partial tiles with
+# a K that is not a multiple of 64 (5 shares), a narrow N (natural layout, split and unsplit),
+# both sides small, a batch, and each side broadcast; every operand layout.
+SKINNY = {
+    "decode-1x4096x4096": (1, 1, 1, 4096, 4096),
+    "decode-16x14336x4096": (1, 1, 16, 14336, 4096),
+    "decode-64x1000x3000": (1, 1, 64, 1000, 3000),
+    "narrow-n-4096x16x4096": (1, 1, 4096, 16, 4096),
+    "narrow-n-1000x40x520": (1, 1, 1000, 40, 520),
+    "both-small-33x24x776": (1, 1, 33, 24, 776),
+    "batched-3x17x700x2048": (3, 3, 17, 700, 2048),
+    "broadcast-a-4x40x520x1024": (1, 4, 40, 520, 1024),
+    "broadcast-b-2x8x1000x2048": (2, 1, 8, 1000, 2048),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("a_t", [False, True], ids=["a", "a.mT"])
+@pytest.mark.parametrize("b_t", [False, True], ids=["b", "b.mT"])
+@pytest.mark.parametrize("case", list(SKINNY))
+def test_skinny_matches_reference(kernel, case, a_t, b_t, dtype):
+    batch_a, batch_b, m, n, k = SKINNY[case]
+    seeded("skinny", case, a_t, b_t, dtype)
+    a = padded_operand(batch_a, m, k, a_t, dtype)
+    b = padded_operand(batch_b, k, n, b_t, dtype)
+    out = call_op_on_poisoned_memory(a, b)
+    assert_close_to_reference(out, a, b)
+    assert torch.equal(torch.ops.tk.matmul(a, b), out), "skinny result not bitwise repeatable"
 
 
 # ---- transposed operands -------------------------------------------------------------------

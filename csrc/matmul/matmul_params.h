@@ -33,10 +33,11 @@ struct MatmulParams {
     int* arrivals;
 };
 
-// Split-K: when the output has too few tiles to fill the SMs (small M or N), each tile's K
-// range is shared out among `splits` blocks. Each writes its fp32 partial tile to `partials`;
-// the last warp to arrive at a 16-row slice sums all the slice's partials in split order
-// (deterministic) and stores C. splits == 1: no split, no workspace.
+// Split-K: when the output has too few tiles to fill the SMs (small M or N, or a skinny
+// product: a side of at most 64), each tile's K range is shared out among `splits` blocks.
+// Each writes its fp32 partial tile to `partials`; the last warp to arrive at a 16-row slice
+// sums all the slice's partials in split order (deterministic) and stores C. splits == 1: no
+// split, no workspace.
 struct SplitK {
     int splits;
     int64_t partial_floats;  // size of params.partials

@@ -5,6 +5,10 @@
 // - one task is a 128 x 256 tile of C (128 x 128 when 128 x 256 tiles would leave SMs idle:
 //   fewer tiles than SMs); a persistent grid walks the tasks in groups of 8 tile-rows so that
 //   blocks running together share A rows and B columns in L2;
+// - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
+//   tiles with an 8-stage ring instead (plan_tiles): its time is streaming the long operand.
+//   A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
+//   transposed from registers), so that the 64-wide side is always the short one;
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
 // - two consumer warpgroups each own 64 rows and issue wgmma 64xBNx16 from shared
@@ -25,6 +29,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -38,8 +43,11 @@ namespace {
 namespace kt = kittens;
 
 constexpr int BM = 128, BK = 64;
-constexpr int WIDE = 256, NARROW = 128;  // the tile widths (BN)
+constexpr int WIDE = 256, NARROW = 128, SKINNY = 64;  // the tile widths (BN)
 constexpr int STAGES = 4;
+// Skinny tiles stream mostly one operand (the other is at most 64 rows, largely zero-filled):
+// a deeper ring keeps more of it in flight.
+constexpr int SKINNY_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups, their warps
 
@@ -76,11 +84,14 @@ __device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* 
 }
 
 // SPLIT: split-K (see the top); C is then stored from registers, so C_TMA does not matter.
+// Skinny tiles always take the split epilogue (with splits == 1: a plain bounded store).
 template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
 struct Layout {
-    static_assert(BN == WIDE || BN == NARROW, "matmul: tiles are 256 or 128 columns wide");
-    static_assert(!SPLIT || BN == NARROW, "matmul: split-K is for narrow tiles (too few tiles for the SMs)");
-    static constexpr int consumer_warpgroups = CONSUMERS, stages = STAGES, release_lag = 1;
+    static_assert(BN == WIDE || BN == NARROW || BN == SKINNY, "matmul: tiles are 256, 128 or 64 columns wide");
+    static_assert(!SPLIT || BN != WIDE, "matmul: split-K is for narrow and skinny tiles (too few tiles for the SMs)");
+    static_assert(BN != SKINNY || SPLIT, "matmul: skinny tiles store through the split epilogue");
+    static constexpr int consumer_warpgroups = CONSUMERS, stages = BN == SKINNY ? SKINNY_STAGES : STAGES,
+                         release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
@@ -105,6 +116,9 @@ struct Layout {
         int splits, k_steps;
         float* partials;  // [tile][split][warp slot 0..7][16 x BN]
         int* arrivals;    // [tile][warp slot]
+        // Skinny tiles of a swapped product (C^T = B^T A^T, see skinny_swapped): c is C, the
+        // tiles are of its transpose.
+        bool c_transposed;
     };
     struct task {
         int batch, m_tile, n_tile;
@@ -197,14 +211,20 @@ struct Layout {
     __device__ static void finish_split(registers& r, const task& t, const globals& g, int consumer) {
         const int warp = kt::warpgroup::warp(), slot = consumer * 4 + warp;
         const int row16 = (t.m_tile * BM + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
-        if (row16 * 16 >= g.c.rows()) return;  // all past M: no share of this slice stores anything
-        float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
-        auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
-        store_slice(slice(t.split), r.acc);
-        if (!kt::arrive_last(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, g.splits)) return;
-        load_slice<false>(r.acc, slice(0));
-        for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split));
-        kt::store(g.c, r.acc, kt::coord{t.batch, 0, row16, t.n_tile});
+        const bool transposed = BN == SKINNY && g.c_transposed;
+        const int rows = transposed ? g.c.cols() : g.c.rows();
+        if (row16 * 16 >= rows) return;  // all past M: no share of this slice stores anything
+        if (BN != SKINNY || g.splits > 1) {  // (narrow tiles only come here split)
+            float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
+            auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
+            store_slice(slice(t.split), r.acc);
+            if (!kt::arrive_last(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, g.splits)) return;
+            load_slice<false>(r.acc, slice(0));
+            for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split));
+        }
+        const kt::coord at{t.batch, 0, row16, t.n_tile};
+        if (transposed) kt::store_transposed(g.c, r.acc, at);
+        else kt::store(g.c, r.acc, at);
     }
     __device__ static void cleanup(outputs&, int) {
         if constexpr (C_TMA && !SPLIT)
@@ -225,25 +245,82 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
                      int64_t(r) * op.leading_stride, op.leading_stride);
 }
 
+// C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
+bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
+
+// Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
+// give twice the blocks (and half the K loop's work per block).
+int tile_width(const MatmulParams& p, bool c_tma) {
+    const int64_t wide_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, WIDE) * p.batch;
+    return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
+}
+
+// Split-K's fixed cost (zeroing the arrival counters, writing and re-reading the partials, the
+// fences) pays only over long shares. Measured (session 17, us per call, unsplit -> split):
+// 16x4096x14336 (32 tiles, 4 shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35,
+// 1024x1024x8192 (64 tiles, 2 shares of 64) 44 -> 40; shares of 32 steps lost (16x4096x4096
+// 24.0 -> 28.4, 256x4096x4096 25.6 -> 28.1), and so did all shorter ones (1024^3 10.5 -> 18.1).
+constexpr int MIN_SPLIT_STEPS = 48;
+// A skinny tile's partials are a quarter of a narrow one's and its K steps are cheap (the
+// product is bound by streaming the long operand), so it splits down to shorter shares.
+constexpr int MIN_SKINNY_SPLIT_STEPS = 8;
+
+// How a call is tiled. A product with a side of at most 64 (decode-size M, or a narrow N) runs
+// on skinny 128 x 64 tiles whose short side is that one: with a short M the product is run
+// swapped, C^T = B^T A^T, so that the long N is tiled by 128 rows (wgmma's M) and the few rows
+// of A become the 64 columns (wgmma's N). Everything else runs on wide or narrow tiles.
+struct TilePlan {
+    int bn;
+    bool swapped;
+    int64_t tiles;  // output tiles, over the batch
+    int splits;     // split-K shares per tile (1: none)
+};
+
+TilePlan plan_tiles(const MatmulParams& p) {
+    const int64_t k_steps = kt::ceil_div(p.k, BK), sms = std::max(p.multiprocessors, 0);
+    const bool n_skinny = p.n <= SKINNY && p.n <= p.m, m_skinny = !n_skinny && p.m <= SKINNY;
+    if (n_skinny || m_skinny) {
+        const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
+        const char* EXPERIMENT = std::getenv("TK_EXP_SKINNY_MIN");  // EXPERIMENT: remove
+        const int64_t min_steps = EXPERIMENT ? std::atoi(EXPERIMENT) : MIN_SKINNY_SPLIT_STEPS;
+        const int64_t splits = std::min(sms / tiles, k_steps / min_steps);
+        return {SKINNY, m_skinny, tiles, int(std::max<int64_t>(splits, 1))};
+    }
+    const int bn = tile_width(p, c_by_tma(p));
+    const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
+    const int64_t splits = bn == NARROW ? std::min(sms / tiles, k_steps / MIN_SPLIT_STEPS) : 1;
+    return {bn, false, tiles, int(std::max<int64_t>(splits, 1))};
+}
+
+// The swapped problem: A' = B^T and B' = A^T are the same memory read the other way (each
+// operand's column-major flag flips), M and N exchange.
+MatmulParams swapped_operands(const MatmulParams& p) {
+    MatmulParams q = p;
+    q.a = p.b, q.a.transposed = !p.b.transposed;
+    q.b = p.a, q.b.transposed = !p.a.transposed;
+    q.m = p.n, q.n = p.m;
+    return q;
+}
+
+// q: the problem as the kernel runs it (swapped_operands when plan.swapped); C is p.c either way.
 template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT>
-cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
+cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t stream) {
     using L = Layout<T, A_T, B_T, C_TMA, BN, SPLIT>;
-    const kt::gl<T> a = operand_layout<T>(p.a, p.m, p.k), b = operand_layout<T>(p.b, p.k, p.n);
-    const kt::gl<T> c(static_cast<T*>(p.c), p.batch, 1, p.m, p.n);
+    const kt::gl<T> a = operand_layout<T>(q.a, q.m, q.k), b = operand_layout<T>(q.b, q.k, q.n);
+    const kt::gl<T> c(static_cast<T*>(q.c), q.batch, 1, plan.swapped ? q.n : q.m, plan.swapped ? q.m : q.n);
     CUtensorMap a_map, b_map, c_map{};
     if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     if constexpr (C_TMA && !SPLIT)
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    const int splits = SPLIT ? matmul_sm90_split_k(p).splits : 1;
-    const typename L::globals g{a_map, b_map, c_map, c, p.batch, p.k,
-                                kt::ceil_div(p.m, BM), kt::ceil_div(p.n, BN), p.a.batch > 1, p.b.batch > 1,
-                                splits, kt::ceil_div(p.k, BK), p.partials, p.arrivals};
+    const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
+                                kt::ceil_div(q.m, BM), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
+                                plan.splits, kt::ceil_div(q.k, BK), q.partials, q.arrivals, plan.swapped};
 
-    const int64_t tasks = int64_t(g.m_tiles) * g.n_tiles * p.batch * splits;
+    const int64_t tasks = plan.tiles * plan.splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    const int sms = p.multiprocessors;
+    const int sms = q.multiprocessors;
     if (sms <= 0) return cudaErrorInvalidDevice;
     constexpr int smem = kt::pipeline::shared_bytes<L>();
     auto kernel = kt::pipeline::kernel<L>;
@@ -254,13 +331,14 @@ cudaError_t launch(const MatmulParams& p, cudaStream_t stream) {
 }
 
 // The instantiations: one row per (element type, A column-major, B column-major, C rows
-// addressable by TMA, tile width). Narrow tiles only with TMA stores of C (the common case).
+// addressable by TMA, tile width, split). Narrow tiles only with TMA stores of C (the common
+// case); skinny tiles store C from registers whatever its layout (c_tma false).
 struct Entry {
     ElementType dtype;
     bool a_transposed, b_transposed, c_tma;
     int bn;
     bool split;
-    cudaError_t (*run)(const MatmulParams&, cudaStream_t);
+    cudaError_t (*run)(const MatmulParams&, const TilePlan&, cudaStream_t);
 };
 // One row, its key fields taken from the instantiation they select.
 template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
@@ -277,50 +355,31 @@ constexpr Entry entries[] = {
     entry<T, E, true, false, true, NARROW>(),   entry<T, E, true, true, true, NARROW>(),
     entry<T, E, false, false, true, NARROW, true>(), entry<T, E, false, true, true, NARROW, true>(),
     entry<T, E, true, false, true, NARROW, true>(),  entry<T, E, true, true, true, NARROW, true>(),
+    entry<T, E, false, false, false, SKINNY, true>(), entry<T, E, false, true, false, SKINNY, true>(),
+    entry<T, E, true, false, false, SKINNY, true>(),  entry<T, E, true, true, false, SKINNY, true>(),
 };
-
-// Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
-// give twice the blocks (and half the K loop's work per block).
-int tile_width(const MatmulParams& p, bool c_tma) {
-    const int64_t wide_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, WIDE) * p.batch;
-    return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
-}
-
-// C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
-bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
-
-// Split-K's fixed cost (zeroing the arrival counters, writing and re-reading the partials, the
-// fences) pays only over long shares. Measured (session 17, us per call, unsplit -> split):
-// 16x4096x14336 (32 tiles, 4 shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35,
-// 1024x1024x8192 (64 tiles, 2 shares of 64) 44 -> 40; shares of 32 steps lost (16x4096x4096
-// 24.0 -> 28.4, 256x4096x4096 25.6 -> 28.1), and so did all shorter ones (1024^3 10.5 -> 18.1).
-constexpr int MIN_SPLIT_STEPS = 48;
 
 }  // namespace
 
 SplitK matmul_sm90_split_k(const MatmulParams& p) {
-    constexpr SplitK none{1, 0, 0};
-    if (tile_width(p, c_by_tma(p)) != NARROW || p.multiprocessors <= 0) return none;
-    const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
-    const int64_t k_steps = kt::ceil_div(p.k, BK);
-    const int64_t splits = std::min(p.multiprocessors / tiles, k_steps / MIN_SPLIT_STEPS);
-    if (splits < 2) return none;
-    return {int(splits), tiles * splits * BM * NARROW, tiles * WARP_SLOTS};
+    const TilePlan plan = plan_tiles(p);
+    if (plan.splits < 2) return {1, 0, 0};
+    return {plan.splits, plan.tiles * plan.splits * BM * plan.bn, plan.tiles * WARP_SLOTS};
 }
 
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
-    const bool c_tma = c_by_tma(p);
-    const int bn = tile_width(p, c_tma);
-    const bool split = matmul_sm90_split_k(p).splits > 1;
-    if (split && (p.partials == nullptr || p.arrivals == nullptr)) return cudaErrorInvalidValue;
+    const TilePlan plan = plan_tiles(p);
+    const bool split = plan.bn == SKINNY || plan.splits > 1, c_tma = plan.bn != SKINNY && c_by_tma(p);
+    if (plan.splits > 1 && (p.partials == nullptr || p.arrivals == nullptr)) return cudaErrorInvalidValue;
+    const MatmulParams q = plan.swapped ? swapped_operands(p) : p;
     auto matches = [&](const Entry& e) {
-        return e.dtype == p.dtype && e.a_transposed == p.a.transposed && e.b_transposed == p.b.transposed &&
-               e.c_tma == c_tma && e.bn == bn && e.split == split;
+        return e.dtype == q.dtype && e.a_transposed == q.a.transposed && e.b_transposed == q.b.transposed &&
+               e.c_tma == c_tma && e.bn == plan.bn && e.split == split;
     };
     for (const Entry& e : entries<kt::bf16, ElementType::bf16>)
-        if (matches(e)) return e.run(p, stream);
+        if (matches(e)) return e.run(q, plan, stream);
     for (const Entry& e : entries<kt::half, ElementType::fp16>)
-        if (matches(e)) return e.run(p, stream);
+        if (matches(e)) return e.run(q, plan, stream);
     return cudaErrorInvalidValue;  // the op layer only passes supported combinations
 }
 

@@ -25,9 +25,10 @@ using coord_args = std::vector<int>;
 void roundtrip(int dtype, int rows, int cols, const gl_args& in, const gl_args& out, const gl_args& dump,
                const coord_args& at, int mode, int layout, int64_t stream);
 
-// global -> register -> global (bounded) for a 32x64 tile; registers of reg_dtype.
-void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args& out, const gl_args& dump,
-                     const coord_args& at, int layout, int64_t stream);
+// global -> register -> global (bounded) for a 32x64 tile; registers of reg_dtype. out_t
+// (the transpose of out's shape) gets the tile through store_transposed.
+void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args& out, const gl_args& out_t,
+                     const gl_args& dump, const coord_args& at, int layout, int64_t stream);
 
 // Register vector (float, length 64, layout 0 pairs / 1 quads) load + store, directly or
 // through shared vectors (through_shared).

@@ -92,25 +92,27 @@ void roundtrip(int dtype, int rows, int cols, const gl_args& in, const gl_args& 
 // global <-> register tiles (32 x 64), registers in type T, global in type G.
 // ---------------------------------------------------------------------------
 template <typename G, typename T>
-__global__ void __launch_bounds__(32) register_global_kernel(gl<G> in, gl<G> out, gl<G> dump, coord at, int layout) {
+__global__ void __launch_bounds__(32)
+    register_global_kernel(gl<G> in, gl<G> out, gl<G> out_t, gl<G> dump, coord at, int layout) {
     auto run = [&]<typename L>(L) {
         rt<T, 32, 64, L> reg;
         load(reg, in, at);
         store(out, reg, at);
+        store_transposed(out_t, reg, at);
         store(dump, reg, coord{});
     };
     if (layout == 0) run(row_l{});
     else run(col_l{});
 }
 
-void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args& out, const gl_args& dump,
-                     const coord_args& at, int layout, int64_t stream) {
+void register_global(int dtype, int reg_dtype, const gl_args& in, const gl_args& out, const gl_args& out_t,
+                     const gl_args& dump, const coord_args& at, int layout, int64_t stream) {
     with_dtype(dtype, [&]<typename G>(std::type_identity<G>) {
         with_dtype(reg_dtype, [&]<typename T>(std::type_identity<T>) {
             // Register precision other than the global one only through float.
             if constexpr (std::same_as<G, T> || std::same_as<G, float> || std::same_as<T, float>) {
-                register_global_kernel<G, T><<<1, 32, 0, as_stream(stream)>>>(make_gl<G>(in), make_gl<G>(out),
-                                                                               make_gl<G>(dump), make_coord(at), layout);
+                register_global_kernel<G, T><<<1, 32, 0, as_stream(stream)>>>(
+                    make_gl<G>(in), make_gl<G>(out), make_gl<G>(out_t), make_gl<G>(dump), make_coord(at), layout);
                 check_launch("register_global");
             } else {
                 throw std::runtime_error("register_global: 16-bit <-> 16-bit pairs are not instantiated");

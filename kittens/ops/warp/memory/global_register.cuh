@@ -27,6 +27,19 @@ __device__ __forceinline__ void store(const GL& dst, const RT& src, coord at) {
     });
 }
 
+// The tile into dst's transpose: element (r, c) of the tile at tile coordinate `at` (of the
+// transpose) goes to row c, column r of dst. A narrow product computed as C^T = B^T A^T stores
+// its tiles into C this way (only small outputs: each store writes 16-byte runs of a row).
+template <global_layout GL, register_tile RT>
+__device__ __forceinline__ void store_transposed(const GL& dst, const RT& src, coord at) {
+    using G = typename GL::dtype;
+    const int row0 = at.r * RT::rows, col0 = at.c * RT::cols;
+    for_each_element(src, [&](int i, int j, int k, int h, const typename RT::dtype& e) {
+        const int r = row0 + i * TILE_DIM + RT::row_in_base(k, h), c = col0 + j * TILE_DIM + RT::col_in_base(k, h);
+        if (c < dst.rows() && r < dst.cols()) *dst.ptr(at.b, at.h, c, r) = convert<G>(e);
+    });
+}
+
 // A register vector is stored along a row of the global layout: element n of the
 // vector goes to column at.c * N + n of row at.r. Each index is held by several
 // lanes; only the lowest of them writes.
