@@ -45,9 +45,10 @@ SQUARE_CONFIGS = [Config(n, n, n) for n in (512, 1024, 2048, 4096, 8192, 16384)]
 ANCHOR_CONFIGS = [Config(8192, 8192, 2048), Config(4096, 14336, 4096), Config(16384, 4096, 4096)]
 # The nn.Linear layout: weight (N, K) row-major, read transposed in place.
 TRANSPOSED_CONFIGS = [Config(4096, 14336, 4096, b_transposed=True)]
-# Few output tiles, long K (split-K): a decode-size down projection (16 tokens, nn.Linear
-# layout) and a weight-gradient-like product (K = tokens).
-SKINNY_CONFIGS = [Config(16, 4096, 14336, b_transposed=True), Config(1024, 1024, 8192)]
+# Few output tiles: decode-size projections (16 tokens, nn.Linear layout; skinny tiles, split-K)
+# and a weight-gradient-like product (K = tokens; split-K).
+SKINNY_CONFIGS = [Config(16, 4096, 4096, b_transposed=True), Config(16, 4096, 14336, b_transposed=True),
+                  Config(1024, 1024, 8192)]
 
 QUICK_CONFIGS = [Config(4096, 4096, 4096), Config(8192, 8192, 8192), Config(8192, 8192, 2048)]
 

@@ -8,7 +8,8 @@
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
 //   tiles with an 8-stage ring instead (plan_tiles): its time is streaming the long operand.
 //   A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
-//   transposed from registers), so that the 64-wide side is always the short one;
+//   transposed from registers), so that the 64-wide side is always the short one. Skinny
+//   tiles always end in the split-K epilogue below (splits may be 1: a plain bounded store);
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
 // - two consumer warpgroups each own 64 rows and issue wgmma 64xBNx16 from shared
@@ -29,7 +30,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -54,11 +54,14 @@ constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups
 // A warp's 16 accumulator rows to / from a slice of the split-K workspace, in register order:
 // float4 f of every lane is at float4 index f * 32 + lane, so each access is one coalesced
 // 512-byte row. Whoever reads a slice back is the same lane of a warp holding the same rows.
+// Only the first `blocks` 16-column blocks are moved (a skinny tile's columns past C's edge
+// are never stored: M = 16 moves a quarter of the tile).
 template <int BN>
-__device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN>& acc) {
+__device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN>& acc, int blocks) {
     float4* out = reinterpret_cast<float4*>(slice) + kt::lane_id();
 #pragma unroll
     for (int j = 0; j < BN / 16; j++) {
+        if (j >= blocks) break;
         const auto& d = acc.tiles[0][j].data;
         out[(2 * j) * 32] = make_float4(d[0].x, d[0].y, d[1].x, d[1].y);
         out[(2 * j + 1) * 32] = make_float4(d[2].x, d[2].y, d[3].x, d[3].y);
@@ -66,10 +69,11 @@ __device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN
 }
 // acc = slice (add: acc += slice). Through L2 only (ld.global.cg): other SMs wrote it.
 template <bool ADD, int BN>
-__device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* slice) {
+__device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* slice, int blocks) {
     const float4* in = reinterpret_cast<const float4*>(slice) + kt::lane_id();
 #pragma unroll
     for (int j = 0; j < BN / 16; j++) {
+        if (j >= blocks) break;
         auto& d = acc.tiles[0][j].data;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -215,12 +219,14 @@ struct Layout {
         const int rows = transposed ? g.c.cols() : g.c.rows();
         if (row16 * 16 >= rows) return;  // all past M: no share of this slice stores anything
         if (BN != SKINNY || g.splits > 1) {  // (narrow tiles only come here split)
+            // 16-column blocks that reach into C (skinny: the tile's only column of tiles).
+            const int blocks = BN == SKINNY ? kt::ceil_div((transposed ? g.c.rows() : g.c.cols()), 16) : BN / 16;
             float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
             auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
-            store_slice(slice(t.split), r.acc);
+            store_slice(slice(t.split), r.acc, blocks);
             if (!kt::arrive_last(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, g.splits)) return;
-            load_slice<false>(r.acc, slice(0));
-            for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split));
+            load_slice<false>(r.acc, slice(0), blocks);
+            for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split), blocks);
         }
         const kt::coord at{t.batch, 0, row16, t.n_tile};
         if (transposed) kt::store_transposed(g.c, r.acc, at);
@@ -261,8 +267,11 @@ int tile_width(const MatmulParams& p, bool c_tma) {
 // 1024x1024x8192 (64 tiles, 2 shares of 64) 44 -> 40; shares of 32 steps lost (16x4096x4096
 // 24.0 -> 28.4, 256x4096x4096 25.6 -> 28.1), and so did all shorter ones (1024^3 10.5 -> 18.1).
 constexpr int MIN_SPLIT_STEPS = 48;
-// A skinny tile's partials are a quarter of a narrow one's and its K steps are cheap (the
-// product is bound by streaming the long operand), so it splits down to shorter shares.
+// A skinny tile's partials are at most half a narrow one's (only the 16-column blocks that reach
+// into C are exchanged) and the product is bound by streaming the long operand, so it splits
+// down to short shares. Measured (session 18, us per call, bf16 x @ w.mT): shares of at least
+// 16, 8 or 4 steps are level (16x4096x4096 18.9 / 18.6 / 19.0, 1x4096x4096 19.7 / 19.3 / 19.5,
+// 16x4096x14336 40.1 / 39.9 / 40.3); unsplit, they take 25.4, 25.3 and 75.1.
 constexpr int MIN_SKINNY_SPLIT_STEPS = 8;
 
 // How a call is tiled. A product with a side of at most 64 (decode-size M, or a narrow N) runs
@@ -277,18 +286,16 @@ struct TilePlan {
 };
 
 TilePlan plan_tiles(const MatmulParams& p) {
-    const int64_t k_steps = kt::ceil_div(p.k, BK), sms = std::max(p.multiprocessors, 0);
+    const int64_t sms = std::max(p.multiprocessors, 0);
     const bool n_skinny = p.n <= SKINNY && p.n <= p.m, m_skinny = !n_skinny && p.m <= SKINNY;
     if (n_skinny || m_skinny) {
         const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
-        const char* EXPERIMENT = std::getenv("TK_EXP_SKINNY_MIN");  // EXPERIMENT: remove
-        const int64_t min_steps = EXPERIMENT ? std::atoi(EXPERIMENT) : MIN_SKINNY_SPLIT_STEPS;
-        const int64_t splits = std::min(sms / tiles, k_steps / min_steps);
+        const int64_t splits = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
         return {SKINNY, m_skinny, tiles, int(std::max<int64_t>(splits, 1))};
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
-    const int64_t splits = bn == NARROW ? std::min(sms / tiles, k_steps / MIN_SPLIT_STEPS) : 1;
+    const int64_t splits = bn == NARROW ? std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS) : 1;
     return {bn, false, tiles, int(std::max<int64_t>(splits, 1))};
 }
 
