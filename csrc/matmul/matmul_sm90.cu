@@ -219,8 +219,10 @@ struct Layout {
         const int rows = transposed ? g.c.cols() : g.c.rows();
         if (row16 * 16 >= rows) return;  // all past M: no share of this slice stores anything
         if (BN != SKINNY || g.splits > 1) {  // (narrow tiles only come here split)
-            // 16-column blocks that reach into C (skinny: the tile's only column of tiles).
-            const int blocks = BN == SKINNY ? kt::ceil_div((transposed ? g.c.rows() : g.c.cols()), 16) : BN / 16;
+            // 16-column blocks that reach into C (skinny: the tile's only column of tiles). Not
+            // through kt::ceil_div: another device call site of it changes how the unsplit
+            // kernels' task loops compile (SASS compared with and without).
+            const int blocks = BN == SKINNY ? ((transposed ? g.c.rows() : g.c.cols()) + 15) / 16 : BN / 16;
             float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
             auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
             store_slice(slice(t.split), r.acc, blocks);
