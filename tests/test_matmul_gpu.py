@@ -158,70 +158,53 @@ def test_2d_matches_reference(kernel, mnk, dtype):
     assert torch.equal(public, out), "tk.matmul differs from the op it calls"
 
 
-# ---- split-K -------------------------------------------------------------------------------
+# ---- split-K and skinny products -----------------------------------------------------------
 
 # Few output tiles and a long K: on a GPU with 132 SMs (H100/H200) the kernel shares each tile's
-# K steps among several blocks (split-K, at least 48 steps each): 32 tiles x 4 shares, 64 x 2,
-# K steps that do not divide evenly (225 over 4), 3 shares (not a power of two) with partial
-# tiles in M and N, 10 shares, batches, a broadcast operand. Each is checked against the
-# reference on poisoned output memory, and for a bitwise-repeatable result (the partials are
-# summed in split order whichever block finishes last).
+# K steps among several blocks (split-K; 128 x 128 tiles, at least 48 steps each): 64 tiles x 2
+# shares, 3 shares (not a power of two) with partial tiles in M and N, 10 shares, batches.
 SPLIT_K = {
-    "skinny-16x4096x14336": (1, 1, 16, 4096, 14336),
     "1000x1000x8192": (1, 1, 1000, 1000, 8192),
-    "uneven-k-33x4096x14344": (1, 1, 33, 4096, 14344),
     "partial-300x640x12000": (1, 1, 300, 640, 12000),
     "deep-130x264x32768": (1, 1, 130, 264, 32768),
     "batched-3x100x256x8192": (3, 3, 100, 256, 8192),
-    "broadcast-b-4x1x64x512x8192": (4, 1, 64, 512, 8192),
 }
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("b_t", [False, True], ids=["b", "b.mT"])
-@pytest.mark.parametrize("case", list(SPLIT_K))
-def test_split_k_matches_reference(kernel, case, b_t, dtype):
-    batch_a, batch_b, m, n, k = SPLIT_K[case]
-    seeded("split-k", case, b_t, dtype)
-    a = randn((batch_a, m, k), dtype)
-    b = randn((batch_b, n, k), dtype).mT if b_t else randn((batch_b, k, n), dtype)
-    out = call_op_on_poisoned_memory(a, b)
-    assert_close_to_reference(out, a, b)
-    assert torch.equal(torch.ops.tk.matmul(a, b), out), "split-K result not bitwise repeatable"
-
-
-# ---- skinny products ------------------------------------------------------------------------
-
 # A side of C of at most 64 (decode-size M, or a narrow N) runs on 128 x 64 tiles with that side
 # as the short one; a short M runs swapped (C^T = B^T A^T, C stored transposed from registers).
-# Cases: M = 1 and 16 at decode sizes (split 4 ways, and 112 tiles unsplit), partial tiles with
-# a K that is not a multiple of 64 (5 shares), a narrow N (natural layout, split and unsplit),
-# both sides small, a batch, and each side broadcast; every operand layout.
+# Cases: M = 1 and 16 at decode sizes (split 4 ways, and 112 tiles unsplit), K steps that do not
+# divide evenly (225 over 4), partial tiles with a K that is not a multiple of 64 (5 shares), a
+# narrow N (natural layout, split and unsplit), both sides small, batches, each side broadcast.
 SKINNY = {
     "decode-1x4096x4096": (1, 1, 1, 4096, 4096),
     "decode-16x14336x4096": (1, 1, 16, 14336, 4096),
+    "decode-16x4096x14336": (1, 1, 16, 4096, 14336),
+    "uneven-k-33x4096x14344": (1, 1, 33, 4096, 14344),
     "decode-64x1000x3000": (1, 1, 64, 1000, 3000),
     "narrow-n-4096x16x4096": (1, 1, 4096, 16, 4096),
     "narrow-n-1000x40x520": (1, 1, 1000, 40, 520),
     "both-small-33x24x776": (1, 1, 33, 24, 776),
     "batched-3x17x700x2048": (3, 3, 17, 700, 2048),
     "broadcast-a-4x40x520x1024": (1, 4, 40, 520, 1024),
+    "broadcast-b-4x64x512x8192": (4, 1, 64, 512, 8192),
     "broadcast-b-2x8x1000x2048": (2, 1, 8, 1000, 2048),
 }
 
 
+# Each against the reference on poisoned output memory, in every operand layout, and for a
+# bitwise-repeatable result (split-K sums its partials in split order whichever block finishes
+# last).
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("a_t", [False, True], ids=["a", "a.mT"])
 @pytest.mark.parametrize("b_t", [False, True], ids=["b", "b.mT"])
-@pytest.mark.parametrize("case", list(SKINNY))
-def test_skinny_matches_reference(kernel, case, a_t, b_t, dtype):
-    batch_a, batch_b, m, n, k = SKINNY[case]
-    seeded("skinny", case, a_t, b_t, dtype)
+@pytest.mark.parametrize("case", list(SPLIT_K) + list(SKINNY))
+def test_split_k_and_skinny_match_reference(kernel, case, a_t, b_t, dtype):
+    batch_a, batch_b, m, n, k = {**SPLIT_K, **SKINNY}[case]
+    seeded("few-tiles", case, a_t, b_t, dtype)
     a = padded_operand(batch_a, m, k, a_t, dtype)
     b = padded_operand(batch_b, k, n, b_t, dtype)
     out = call_op_on_poisoned_memory(a, b)
     assert_close_to_reference(out, a, b)
-    assert torch.equal(torch.ops.tk.matmul(a, b), out), "skinny result not bitwise repeatable"
+    assert torch.equal(torch.ops.tk.matmul(a, b), out), "result not bitwise repeatable"
 
 
 # ---- transposed operands -------------------------------------------------------------------
