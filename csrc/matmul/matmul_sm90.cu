@@ -120,8 +120,8 @@ struct Layout {
         int splits, k_steps;
         float* partials;  // [tile][split][warp slot 0..7][16 x BN]
         int* arrivals;    // [tile][warp slot]
-        // Skinny tiles of a swapped product (C^T = B^T A^T, see skinny_swapped): c is C, the
-        // tiles are of its transpose.
+        // Skinny tiles of a swapped product (C^T = B^T A^T, see plan_tiles and
+        // swapped_operands): c is C, the tiles are of its transpose.
         bool c_transposed;
     };
     struct task {
