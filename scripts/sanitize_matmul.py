@@ -6,7 +6,8 @@
 Calls torch.ops.tk.matmul directly (no fallback can hide a kernel problem) on partial tiles in
 every dim, every operand layout (row-major, and column-major views like x.mT), broadcast
 batches, output widths that TMA cannot store (N % 8 != 0, the register-store epilogue), and
-shapes whose K is split over several blocks (split-K's workspace and arrival counters).
+shapes whose K is split over the blocks of a cluster (split-K: partials exchanged through
+distributed shared memory).
 Inputs are made on the CPU, and the reference is computed there, so the only GPU work is
 copies and our kernel. Exits non-zero on any mismatch.
 """
@@ -20,8 +21,8 @@ import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
 
 # (batch_a, batch_b, M, N, K); K is a multiple of 8, so A row-major and B column-major are always readable.
 # A side of at most 64 takes skinny tiles (M <= 64 swapped, C stored transposed). The last four
-# split K over several blocks (split-K: few output tiles, long K): skinny swapped (17 x 264,
-# 12 shares) and natural (300 x 16, 4 shares), narrow (2 and several shares).
+# split K over the blocks of a cluster (split-K: few output tiles, long K): skinny swapped (17 x
+# 264, 8 shares: the cap) and natural (300 x 16, 4 shares), narrow (2 and several shares).
 SHAPES = [(1, 1, 1, 8, 8), (1, 1, 17, 40, 24), (1, 1, 130, 264, 72), (2, 2, 65, 300, 136),
           (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16),
           (1, 1, 17, 264, 6144), (1, 1, 300, 16, 2048), (2, 2, 65, 300, 8192), (1, 1, 130, 264, 16384)]

@@ -1,6 +1,6 @@
 """GPU unit tests of the Hopper layer of the tile core (kittens/hopper/): TMA loads, stores
-and reduce-adds of partial tiles, wgmma against torch, and a two-stage TMA pipeline driven by
-mbarrier semaphores. sm_90 only; the kernels live in tests/core_kernels/hopper_ops.cu and are
+and reduce-adds of partial tiles, wgmma against torch, a two-stage TMA pipeline driven by
+mbarrier semaphores, and blocks of a cluster reading each other's shared memory. sm_90 only; the kernels live in tests/core_kernels/hopper_ops.cu and are
 JIT-built like the other core tests (tests/test_core_gpu.py, whose helpers are reused)."""
 
 from __future__ import annotations
@@ -125,6 +125,28 @@ def test_bulk_copy(hopper, offset, count):
     torch.cuda.synchronize()
     assert torch.equal(out[:count], source[offset:offset + count])
     assert out[count:].isnan().all(), "bytes past the copy were written"
+
+
+# ---- clusters -------------------------------------------------------------------------------
+
+# (blocks, cluster size, shift): pairs, the portable maximum of 8, more clusters than fit at once
+# (264 blocks of 2 and 4: later clusters wait for earlier ones to leave), no shift (its own).
+CLUSTER_CASES = [(2, 2, 1), (8, 8, 3), (24, 4, 1), (264, 2, 1), (264, 4, 3), (16, 8, 0)]
+
+
+@pytest.mark.parametrize("blocks, size, shift", CLUSTER_CASES)
+def test_cluster_exchange(hopper, blocks, size, shift):
+    source = randn(blocks, 1024)
+    out = nans(blocks, 1024)
+    ranks = torch.full((blocks, 2), -1, dtype=torch.int32, device="cuda")
+    hopper.cluster_exchange(source.data_ptr(), blocks, size, shift, out.data_ptr(), ranks.data_ptr(), stream())
+    torch.cuda.synchronize()
+    block = torch.arange(blocks, device="cuda")
+    rank = block % size
+    assert torch.equal(ranks[:, 0], rank.int()) and (ranks[:, 1] == size).all()
+    source_block = block - rank + (rank + shift) % size
+    assert torch.equal(out, source[source_block])
+
 
 # The load/compute/finish template is exercised through its real user, tk.matmul
 # (tests/test_matmul_gpu.py): partial tiles, every operand layout, batches.

@@ -161,8 +161,9 @@ def test_2d_matches_reference(kernel, mnk, dtype):
 # ---- split-K and skinny products -----------------------------------------------------------
 
 # Few output tiles and a long K: on a GPU with 132 SMs (H100/H200) the kernel shares each tile's
-# K steps among several blocks (split-K; 128 x 128 tiles, at least 48 steps each): 64 tiles x 2
-# shares, 3 shares (not a power of two) with partial tiles in M and N, 10 shares, batches.
+# K steps among the blocks of a cluster (split-K; 128 x 128 tiles, at least 48 steps each, at
+# most 8 shares): 64 tiles x 2 shares, 3 shares (not a power of two) with partial tiles in M and
+# N, 8 shares (the cap: 10 wanted), batches.
 SPLIT_K = {
     "1000x1000x8192": (1, 1, 1000, 1000, 8192),
     "partial-300x640x12000": (1, 1, 300, 640, 12000),
@@ -192,7 +193,7 @@ SKINNY = {
 
 # Each against the reference on poisoned output memory, in every operand layout, and for a
 # bitwise-repeatable result (split-K sums its partials in split order whichever block finishes
-# last).
+# first).
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("a_t", [False, True], ids=["a", "a.mT"])
 @pytest.mark.parametrize("b_t", [False, True], ids=["b", "b.mT"])

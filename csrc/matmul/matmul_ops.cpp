@@ -100,16 +100,6 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
     p.multiprocessors = multiprocessor_count();
     at::Tensor c = at::empty({batch, p.m, p.n}, a.options());
     p.c = c.mutable_data_ptr();
-    // Split-K's workspace: its size comes from the shapes and the SM count only (no device
-    // data), so CUDA graph capture and torch.compile see a fixed allocation.
-    at::Tensor partials, arrivals;
-    if (const SplitK plan = matmul_sm90_split_k(p); plan.splits > 1) {
-        partials = at::empty({plan.partial_floats}, a.options().dtype(at::kFloat));
-        arrivals = at::zeros({plan.arrivals}, a.options().dtype(at::kInt));
-        p.partials = partials.mutable_data_ptr<float>();
-        p.arrivals = arrivals.mutable_data_ptr<int>();
-    }
-
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.device().index()).stream();
     const cudaError_t status = matmul_sm90(p, stream);
     TORCH_CHECK(status == cudaSuccess, kOp, "kernel launch failed: ", cudaGetErrorString(status));

@@ -27,23 +27,7 @@ struct MatmulParams {
     int batch, m, n, k;
     ElementType dtype;
     int multiprocessors;  // of the current device (torch's cached properties)
-    // Split-K workspace (see matmul_sm90_split_k), allocated by the op layer when the plan
-    // splits: fp32 partial tiles, and per-warp arrival counters that start at zero.
-    float* partials;
-    int* arrivals;
 };
-
-// Split-K: when the output has too few tiles to fill the SMs (small M or N, or a skinny
-// product: a side of at most 64), each tile's K range is shared out among `splits` blocks.
-// Each writes its fp32 partial tile to `partials`; the last warp to arrive at a 16-row slice
-// sums all the slice's partials in split order (deterministic) and stores C. splits == 1: no
-// split, no workspace.
-struct SplitK {
-    int splits;
-    int64_t partial_floats;  // size of params.partials
-    int64_t arrivals;        // size of params.arrivals (zeroed before the launch)
-};
-SplitK matmul_sm90_split_k(const MatmulParams& params);
 
 // TMA + wgmma kernel (sm_90a). Returns the first CUDA error (launch, tensor-map encoding
 // reported as cudaErrorInvalidValue).

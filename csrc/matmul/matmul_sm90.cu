@@ -22,15 +22,20 @@
 //   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
 //   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
 //   with bounds checks instead.
-// - split-K (matmul_params.h: SplitK): when even 128 x 128 tiles leave most SMs idle (small M
-//   or N), the blocks of one tile take equal shares of its K steps. Each warp writes its fp32
-//   partial rows to a workspace and counts itself in; the last of a row slice's warps to arrive
-//   sums the slice's partials in split order (the same sum whatever the arrival order) and
-//   stores them, bounds-checked, from registers.
+// - split-K: when even 128 x 128 tiles leave most SMs idle (small M or N, or a skinny
+//   product), the blocks of one tile take equal shares of its K steps. They run as one thread
+//   block cluster (at most 8 shares), so the partial sums never leave the GPC: each warp
+//   writes its fp32 rows to its own block's shared memory, the cluster meets at a barrier, and
+//   one block per 16-row slice reads that slice from every block (distributed shared memory),
+//   sums it in split order (the same sum whatever the timing) and stores it, bounds-checked,
+//   from registers. No workspace, no counters, nothing to zero before the launch.
 #include <cuda.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
@@ -51,11 +56,12 @@ constexpr int SKINNY_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups, their warps
 
-// A warp's 16 accumulator rows to / from a slice of the split-K workspace, in register order:
-// float4 f of every lane is at float4 index f * 32 + lane, so each access is one coalesced
-// 512-byte row. Whoever reads a slice back is the same lane of a warp holding the same rows.
-// Only the first `blocks` 16-column blocks are moved (a skinny tile's columns past C's edge
-// are never stored: M = 16 moves a quarter of the tile).
+// A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
+// cluster's blocks), in register order: float4 f of every lane is at float4 index f * 32 + lane,
+// so each access is one contiguous 512-byte row (no bank conflicts). Whoever reads a slice back
+// is the same lane of a warp holding the same rows. Only the first `blocks` 16-column blocks
+// are moved (a skinny tile's columns past C's edge are never stored: M = 16 moves a quarter of
+// the tile).
 template <int BN>
 __device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN>& acc, int blocks) {
     float4* out = reinterpret_cast<float4*>(slice) + kt::lane_id();
@@ -67,17 +73,18 @@ __device__ __forceinline__ void store_slice(float* slice, const kt::rt_fl<16, BN
         out[(2 * j + 1) * 32] = make_float4(d[2].x, d[2].y, d[3].x, d[3].y);
     }
 }
-// acc = slice (add: acc += slice). Through L2 only (ld.global.cg): other SMs wrote it.
+// acc = slice (add: acc += slice), from the slice at `slice` in the shared memory of the
+// cluster's block `rank`.
 template <bool ADD, int BN>
-__device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* slice, int blocks) {
-    const float4* in = reinterpret_cast<const float4*>(slice) + kt::lane_id();
+__device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* slice, int rank, int blocks) {
+    const uint32_t in = kt::cluster::map_shared(slice, rank) + kt::lane_id() * sizeof(float4);
 #pragma unroll
     for (int j = 0; j < BN / 16; j++) {
         if (j >= blocks) break;
         auto& d = acc.tiles[0][j].data;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float4 v = __ldcg(in + (2 * j + h) * 32);
+            const float4 v = kt::cluster::load_shared(in + (2 * j + h) * 32 * sizeof(float4));
             if constexpr (ADD) {
                 d[2 * h].x += v.x, d[2 * h].y += v.y, d[2 * h + 1].x += v.z, d[2 * h + 1].y += v.w;
             } else {
@@ -106,8 +113,11 @@ struct Layout {
     struct staged_outputs {
         c_tile c[2][2];  // [consumer][alternating buffer]
     };
+    struct split_outputs {
+        float partials[WARP_SLOTS][16 * BN];  // each warp's fp32 rows of its share (store_slice)
+    };
     struct no_outputs {};
-    using outputs = std::conditional_t<C_TMA && !SPLIT, staged_outputs, no_outputs>;
+    using outputs = std::conditional_t<SPLIT, split_outputs, std::conditional_t<C_TMA, staged_outputs, no_outputs>>;
     static constexpr uint32_t input_bytes = kt::tma::tile_bytes<a_tile>() + kt::tma::tile_bytes<b_tile>();
 
     struct globals {
@@ -116,17 +126,15 @@ struct Layout {
         int batch, k;
         int m_tiles, n_tiles;
         bool a_batched, b_batched;  // false: batch 1, broadcast
-        // Split-K (SPLIT only): blocks per tile, K steps in all, the workspace.
+        // Split-K (SPLIT only): blocks per tile (the cluster size), K steps in all.
         int splits, k_steps;
-        float* partials;  // [tile][split][warp slot 0..7][16 x BN]
-        int* arrivals;    // [tile][warp slot]
         // Skinny tiles of a swapped product (C^T = B^T A^T, see plan_tiles and
         // swapped_operands): c is C, the tiles are of its transpose.
         bool c_transposed;
     };
     struct task {
         int batch, m_tile, n_tile;
-        int tile, split;  // SPLIT only: the tile's index and this block's share of its K steps
+        int split;  // SPLIT only: this block's share of the tile's K steps (its cluster rank)
     };
     // The first K step of share `split` (shares differ by at most one step; 64-bit: the product
     // can pass 2^31 for a K of a few hundred million).
@@ -142,7 +150,6 @@ struct Layout {
             if (index >= per_batch * g.batch * g.splits) return false;
             t.split = index % g.splits;
             index /= g.splits;
-            t.tile = index;
         }
         if (index >= per_batch * g.batch) return false;
         t.batch = index / per_batch;
@@ -186,7 +193,7 @@ struct Layout {
 
     __device__ static void finish(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
         if constexpr (SPLIT) {
-            finish_split(r, t, g, consumer);
+            finish_split(r, out, t, g, consumer);
         } else if constexpr (C_TMA) {
             const int row_tile = t.m_tile * (BM / 64) + consumer;  // in 64-row units
             const int barrier = 1 + consumer;                      // named barrier of this warpgroup
@@ -211,25 +218,45 @@ struct Layout {
             kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * BM + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
         }
     }
-    // Split-K: per warp, independently of the others (no barrier), see the top.
-    __device__ static void finish_split(registers& r, const task& t, const globals& g, int consumer) {
+    // Split-K (see the top). A split launch gives every block exactly one task (tiles x splits
+    // <= SMs, plan_tiles), so the blocks of a cluster are the shares of one tile, split ==
+    // cluster rank, and nothing else uses `out` meanwhile.
+    __device__ static void finish_split(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
         const int warp = kt::warpgroup::warp(), slot = consumer * 4 + warp;
         const int row16 = (t.m_tile * BM + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
         const bool transposed = BN == SKINNY && g.c_transposed;
         const int rows = transposed ? g.c.cols() : g.c.rows();
-        if (row16 * 16 >= rows) return;  // all past M: no share of this slice stores anything
-        if (BN != SKINNY || g.splits > 1) {  // (narrow tiles only come here split)
+        // All past M: no share of this slice stores anything. Such a warp leaves at once, in
+        // every block alike; the cluster barrier does not wait for threads that have exited.
+        if (row16 * 16 >= rows) return;
+        if (g.splits > 1) {
             // 16-column blocks that reach into C (skinny: the tile's only column of tiles). Not
             // through kt::ceil_div: another device call site of it changes how the unsplit
             // kernels' task loops compile (SASS compared with and without).
             const int blocks = BN == SKINNY ? ((transposed ? g.c.rows() : g.c.cols()) + 15) / 16 : BN / 16;
-            float* const tile_partials = g.partials + size_t(t.tile) * g.splits * WARP_SLOTS * (16 * BN);
-            auto slice = [&](int split) { return tile_partials + size_t(split * WARP_SLOTS + slot) * (16 * BN); };
-            store_slice(slice(t.split), r.acc, blocks);
-            if (!kt::arrive_last(g.arrivals + size_t(t.tile) * WARP_SLOTS + slot, g.splits)) return;
-            load_slice<false>(r.acc, slice(0), blocks);
-            for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice(split), blocks);
+            float* const slice = out.partials[slot];
+            store_slice(slice, r.acc, blocks);
+            kt::cluster::sync();  // every share's partials are in its block's shared memory
+            // Slices are summed by the blocks in turn, so a cluster of S sums S of them at once.
+            const bool sums = slot % g.splits == t.split;
+            if (sums) {
+                load_slice<false>(r.acc, slice, 0, blocks);
+                for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice, split, blocks);
+            }
+            // No block may exit while another reads its shared memory.
+            kt::cluster::arrive();
+            if (!sums) {
+                kt::cluster::wait();
+                return;
+            }
+            store_rows(r, t, g, row16, transposed);
+            kt::cluster::wait();
+            return;
         }
+        store_rows(r, t, g, row16, transposed);
+    }
+    // A warp's 16 finished rows of C (of C^T when transposed), bounds-checked, from registers.
+    __device__ static void store_rows(const registers& r, const task& t, const globals& g, int row16, bool transposed) {
         const kt::coord at{t.batch, 0, row16, t.n_tile};
         if (transposed) kt::store_transposed(g.c, r.acc, at);
         else kt::store(g.c, r.acc, at);
@@ -263,11 +290,12 @@ int tile_width(const MatmulParams& p, bool c_tma) {
     return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
 }
 
-// Split-K's fixed cost (zeroing the arrival counters, writing and re-reading the partials, the
-// fences) pays only over long shares. Measured (session 17, us per call, unsplit -> split):
-// 16x4096x14336 (32 tiles, 4 shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35,
-// 1024x1024x8192 (64 tiles, 2 shares of 64) 44 -> 40; shares of 32 steps lost (16x4096x4096
-// 24.0 -> 28.4, 256x4096x4096 25.6 -> 28.1), and so did all shorter ones (1024^3 10.5 -> 18.1).
+// Split-K's fixed cost (writing, exchanging and summing the partials, the cluster barriers)
+// pays only over long shares. Measured (session 17, when the partials went through global
+// memory and zeroed counters; us per call, unsplit -> split): 16x4096x14336 (32 tiles, 4
+// shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35, 1024x1024x8192 (64 tiles,
+// 2 shares of 64) 44 -> 40; shares of 32 steps lost (256x4096x4096 25.6 -> 28.1), and so did
+// all shorter ones (1024^3 10.5 -> 18.1).
 constexpr int MIN_SPLIT_STEPS = 48;
 // A skinny tile's partials are at most half a narrow one's (only the 16-column blocks that reach
 // into C are exchanged) and the product is bound by streaming the long operand, so it splits
@@ -275,6 +303,50 @@ constexpr int MIN_SPLIT_STEPS = 48;
 // 16, 8 or 4 steps are level (16x4096x4096 18.9 / 18.6 / 19.0, 1x4096x4096 19.7 / 19.3 / 19.5,
 // 16x4096x14336 40.1 / 39.9 / 40.3); unsplit, they take 25.4, 25.3 and 75.1.
 constexpr int MIN_SKINNY_SPLIT_STEPS = 8;
+// A tile's shares run as one cluster: at most 8 blocks (the portable cluster size).
+constexpr int MAX_SPLITS = 8;
+
+// The kernel a split launch's cluster capacity is asked about: every split kernel has one block
+// per SM (its shared memory), so they all fit the same clusters.
+using ClusterProbe = Layout<kt::bf16, false, false, false, SKINNY, true>;
+
+// How many clusters of `blocks` blocks the current device runs at once. A cluster lives on one
+// GPC, so when the GPCs' SM counts are not multiples of `blocks` this is less than SMs / blocks.
+// Asked of the driver once per device and size (0 if it cannot say: then nothing is split).
+int clusters_that_fit(int blocks) {
+    static std::mutex mutex;
+    static std::map<std::pair<int, int>, int> known;  // (device, blocks) -> clusters
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto [at, added] = known.try_emplace({device, blocks}, 0);
+    if (added) {
+        auto kernel = kt::pipeline::kernel<ClusterProbe>;
+        constexpr int smem = kt::pipeline::shared_bytes<ClusterProbe>();
+        cudaLaunchAttribute cluster{};
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = blocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(blocks), config.blockDim = dim3(kt::pipeline::threads<ClusterProbe>());
+        config.dynamicSmemBytes = smem, config.attrs = &cluster, config.numAttrs = 1;
+        int clusters = 0;
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+            cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
+            clusters = 0;
+        }
+        at->second = clusters;
+    }
+    return at->second;
+}
+
+// Shares per tile: `wanted`, down to what fits in one round of clusters (every block then has
+// exactly one task, which the split epilogue relies on).
+int splits_that_fit(int64_t tiles, int64_t wanted) {
+    int splits = int(std::clamp<int64_t>(wanted, 1, MAX_SPLITS));
+    while (splits > 1 && tiles > clusters_that_fit(splits)) splits--;
+    return splits;
+}
 
 // How a call is tiled. A product with a side of at most 64 (decode-size M, or a narrow N) runs
 // on skinny 128 x 64 tiles whose short side is that one: with a short M the product is run
@@ -284,7 +356,7 @@ struct TilePlan {
     int bn;
     bool swapped;
     int64_t tiles;  // output tiles, over the batch
-    int splits;     // split-K shares per tile (1: none)
+    int splits;     // split-K shares per tile, the cluster size (1: none)
 };
 
 TilePlan plan_tiles(const MatmulParams& p) {
@@ -292,13 +364,13 @@ TilePlan plan_tiles(const MatmulParams& p) {
     const bool n_skinny = p.n <= SKINNY && p.n <= p.m, m_skinny = !n_skinny && p.m <= SKINNY;
     if (n_skinny || m_skinny) {
         const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
-        const int64_t splits = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
-        return {SKINNY, m_skinny, tiles, int(std::max<int64_t>(splits, 1))};
+        const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
+        return {SKINNY, m_skinny, tiles, splits_that_fit(tiles, wanted)};
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
-    const int64_t splits = bn == NARROW ? std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS) : 1;
-    return {bn, false, tiles, int(std::max<int64_t>(splits, 1))};
+    const int64_t wanted = bn == NARROW ? std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS) : 1;
+    return {bn, false, tiles, splits_that_fit(tiles, wanted)};
 }
 
 // The swapped problem: A' = B^T and B' = A^T are the same memory read the other way (each
@@ -325,7 +397,7 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
                                 kt::ceil_div(q.m, BM), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
-                                plan.splits, kt::ceil_div(q.k, BK), q.partials, q.arrivals, plan.swapped};
+                                plan.splits, kt::ceil_div(q.k, BK), plan.swapped};
 
     const int64_t tasks = plan.tiles * plan.splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -335,8 +407,19 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     auto kernel = kt::pipeline::kernel<L>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int blocks = int(tasks < sms ? tasks : sms);
-    kernel<<<blocks, kt::pipeline::threads<L>(), smem, stream>>>(g);
-    return cudaGetLastError();
+    if (plan.splits == 1) {
+        kernel<<<blocks, kt::pipeline::threads<L>(), smem, stream>>>(g);
+        return cudaGetLastError();
+    }
+    // Split: a tile's shares are consecutive blocks (get_task), one cluster; one task per block.
+    if (blocks != tasks) return cudaErrorInvalidConfiguration;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = plan.splits, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks), config.blockDim = dim3(kt::pipeline::threads<L>());
+    config.dynamicSmemBytes = smem, config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, g);
 }
 
 // The instantiations: one row per (element type, A column-major, B column-major, C rows
@@ -370,16 +453,9 @@ constexpr Entry entries[] = {
 
 }  // namespace
 
-SplitK matmul_sm90_split_k(const MatmulParams& p) {
-    const TilePlan plan = plan_tiles(p);
-    if (plan.splits < 2) return {1, 0, 0};
-    return {plan.splits, plan.tiles * plan.splits * BM * plan.bn, plan.tiles * WARP_SLOTS};
-}
-
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
     const TilePlan plan = plan_tiles(p);
     const bool split = plan.bn == SKINNY || plan.splits > 1, c_tma = plan.bn != SKINNY && c_by_tma(p);
-    if (plan.splits > 1 && (p.partials == nullptr || p.arrivals == nullptr)) return cudaErrorInvalidValue;
     const MatmulParams q = plan.swapped ? swapped_operands(p) : p;
     auto matches = [&](const Entry& e) {
         return e.dtype == q.dtype && e.a_transposed == q.a.transposed && e.b_transposed == q.b.transposed &&

@@ -10,4 +10,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("wgmma", &tk_test::wgmma);
     m.def("semaphore_pipeline", &tk_test::semaphore_pipeline);
     m.def("bulk_copy", &tk_test::bulk_copy);
+    m.def("cluster_exchange", &tk_test::cluster_exchange);
 }

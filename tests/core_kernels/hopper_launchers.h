@@ -21,4 +21,9 @@ void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_
 // shared memory; the rest of out is the shared buffer's NaN poison.
 void bulk_copy(int64_t in, int64_t offset, int count, int64_t out, int64_t stream);
 
+// Clusters of `size` blocks (blocks in all, each with 1024 floats of in): block b's 1024
+// floats of out are those of block (rank + shift) % size of its cluster, read from that
+// block's shared memory; ranks[2b], ranks[2b + 1] = its cluster rank and the cluster size.
+void cluster_exchange(int64_t in, int blocks, int size, int shift, int64_t out, int64_t ranks, int64_t stream);
+
 }  // namespace tk_test

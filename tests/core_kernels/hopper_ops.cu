@@ -230,4 +230,50 @@ void bulk_copy(int64_t in, int64_t offset, int count, int64_t out, int64_t strea
     check_launch("bulk_copy");
 }
 
+// Clusters: each block of a cluster of `size` writes 1024 floats (its slice of in) into its
+// shared memory; after the cluster barrier, block r reads block (r + shift) % size's buffer
+// through distributed shared memory into out's slice r, along with its rank and the cluster
+// size. A block leaving early would free shared memory that another still reads: the second
+// barrier keeps them all until the reads are done, and half the threads of the block exit
+// before it, which the barrier must not wait for.
+struct cluster_buffer {
+    static constexpr int floats = 1024;
+    alignas(16) float data[floats];
+};
+
+__global__ void __launch_bounds__(256) cluster_exchange_kernel(const float* in, int shift, float* out, int* ranks) {
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& buffer = alloc.allocate<cluster_buffer>();
+    const int rank = cluster::rank(), size = cluster::size();
+    const float* mine = in + size_t(blockIdx.x) * cluster_buffer::floats;
+    for (int i = threadIdx.x; i < cluster_buffer::floats; i += blockDim.x) buffer.data[i] = mine[i];
+    cluster::sync();
+    if (threadIdx.x >= 128) return;  // these threads take no part in what follows
+    const int from = (rank + shift) % size;
+    const uint32_t theirs = cluster::map_shared(buffer.data, from);
+    float4* slice = reinterpret_cast<float4*>(out + size_t(blockIdx.x) * cluster_buffer::floats);
+    for (int i = threadIdx.x; i < cluster_buffer::floats / 4; i += 128) slice[i] = cluster::load_shared(theirs + i * 16);
+    if (threadIdx.x == 0) ranks[2 * blockIdx.x] = rank, ranks[2 * blockIdx.x + 1] = size;
+    cluster::sync();
+}
+
+void cluster_exchange(int64_t in, int blocks, int size, int shift, int64_t out, int64_t ranks, int64_t stream) {
+    if (blocks <= 0 || size <= 0 || size > 8 || blocks % size != 0 || shift < 0)
+        throw std::runtime_error("cluster_exchange: blocks a positive multiple of size, size in [1, 8], shift >= 0");
+    const int smem = shared_bytes_for<cluster_buffer>();
+    auto kernel = cluster_exchange_kernel;
+    allow_shared(kernel, smem);
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = size, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks), config.blockDim = dim3(256), config.dynamicSmemBytes = smem;
+    config.stream = as_stream(stream), config.attrs = &cluster, config.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&config, kernel, reinterpret_cast<const float*>(in), shift,
+                                             reinterpret_cast<float*>(out), reinterpret_cast<int*>(ranks));
+    if (e != cudaSuccess) throw std::runtime_error(std::string("cluster_exchange: ") + cudaGetErrorString(e));
+    check_launch("cluster_exchange");
+}
+
 }  // namespace tk_test
