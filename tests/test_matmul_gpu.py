@@ -161,25 +161,29 @@ def test_2d_matches_reference(kernel, mnk, dtype):
 # ---- split-K and skinny products -----------------------------------------------------------
 
 # Few output tiles and a long K: on a GPU with 132 SMs (H100/H200) the kernel shares each tile's
-# K steps among the blocks of a cluster (split-K; 128 x 128 tiles, at least 48 steps each, at
-# most 8 shares): 64 tiles x 2 shares, 3 shares (not a power of two) with partial tiles in M and
-# N, 8 shares (the cap: 10 wanted), batches.
+# K steps among the blocks of a cluster (split-K; 128 x 128 tiles, at least 16 steps each, at
+# most 8 shares): 64 tiles x 2 shares, 3 uneven shares (49 steps) with partial tiles in M, N and
+# K, 8 shares (15 tiles: the most clusters of 8 that fit), the cap of 8 with 22 wanted, batches.
 SPLIT_K = {
     "1000x1000x8192": (1, 1, 1000, 1000, 8192),
+    "partial-300x640x3100": (1, 1, 300, 640, 3100),
     "partial-300x640x12000": (1, 1, 300, 640, 12000),
     "deep-130x264x32768": (1, 1, 130, 264, 32768),
     "batched-3x100x256x8192": (3, 3, 100, 256, 8192),
 }
 # A side of C of at most 64 (decode-size M, or a narrow N) runs on 128 x 64 tiles with that side
-# as the short one; a short M runs swapped (C^T = B^T A^T, C stored transposed from registers).
-# Cases: M = 1 and 16 at decode sizes (split 4 ways, and 112 tiles unsplit), K steps that do not
-# divide evenly (225 over 4), partial tiles with a K that is not a multiple of 64 (5 shares), a
-# narrow N (natural layout, split and unsplit), both sides small, batches, each side broadcast.
+# as the short one, or at most 16 on 128 x 16 (thin) tiles when that side's operand is K-major
+# (row-major a, column-major b); a short M runs swapped (C^T = B^T A^T, C stored transposed from
+# registers). Cases: M = 1 and 16 at decode sizes (split 3 ways, and 112 tiles unsplit), K steps
+# that do not divide evenly (225 over 3), partial tiles with a K that is not a multiple of 64 (5
+# shares; thin: 4 shares of 16-17 steps), a narrow N (natural layout, split and unsplit), both
+# sides small, batches, each side broadcast.
 SKINNY = {
     "decode-1x4096x4096": (1, 1, 1, 4096, 4096),
     "decode-16x14336x4096": (1, 1, 16, 14336, 4096),
     "decode-16x4096x14336": (1, 1, 16, 4096, 14336),
     "uneven-k-33x4096x14344": (1, 1, 33, 4096, 14344),
+    "thin-uneven-k-9x3000x4104": (1, 1, 9, 3000, 4104),
     "decode-64x1000x3000": (1, 1, 64, 1000, 3000),
     "narrow-n-4096x16x4096": (1, 1, 4096, 16, 4096),
     "narrow-n-1000x40x520": (1, 1, 1000, 40, 520),

@@ -6,7 +6,8 @@
 //   fewer tiles than SMs); a persistent grid walks the tasks in groups of 8 tile-rows so that
 //   blocks running together share A rows and B columns in L2;
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
-//   tiles with an 8-stage ring instead (plan_tiles): its time is streaming the long operand.
+//   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 on thin
+//   128 x 16 tiles with 12 stages: its time is streaming the long operand.
 //   A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
 //   transposed from registers), so that the 64-wide side is always the short one. Skinny
 //   tiles always end in the split-K epilogue below (splits may be 1: a plain bounded store);
@@ -49,10 +50,17 @@ namespace kt = kittens;
 
 constexpr int BM = 128, BK = 64;
 constexpr int WIDE = 256, NARROW = 128, SKINNY = 64;  // the tile widths (BN)
+// Thin tiles: skinny ones for a side of at most 16 (decode batches), wgmma 64x16x16. Their short
+// operand's slice is 2 KiB instead of 8 and a k-step is a quarter of the tensor work. Measured
+// (session 19, us per call, bf16 x @ w.mT, 128 x 64 -> 128 x 16 tiles): 1x4096x4096 19.5 -> 12.6,
+// 16x4096x4096 17.8 -> 12.8, 16x14336x4096 37.1 -> 35.0, 8x28672x8192 130.2 -> 116.0.
+constexpr int THIN = 16;
 constexpr int STAGES = 4;
-// Skinny tiles stream mostly one operand (the other is at most 64 rows, largely zero-filled):
-// a deeper ring keeps more of it in flight.
-constexpr int SKINNY_STAGES = 8;
+// Skinny and thin tiles stream mostly one operand (the other is at most 64 or 16 rows, largely
+// zero-filled): a deeper ring keeps more of it in flight. Measured (session 19): 64-row skinny
+// tiles with 12 stages (96 KiB of the long operand in flight per SM) streamed 10-20% slower than
+// these; 12 thin stages instead of 8 were level or slower (16x4096x14336 39.5 against 37.1 us).
+constexpr int SKINNY_STAGES = 8, THIN_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups, their warps
 
@@ -98,11 +106,14 @@ __device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* 
 // Skinny tiles always take the split epilogue (with splits == 1: a plain bounded store).
 template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
 struct Layout {
-    static_assert(BN == WIDE || BN == NARROW || BN == SKINNY, "matmul: tiles are 256, 128 or 64 columns wide");
+    static_assert(BN == WIDE || BN == NARROW || BN == SKINNY || BN == THIN,
+                  "matmul: tiles are 256, 128, 64 or 16 columns wide");
+    static constexpr bool skinny = BN == SKINNY || BN == THIN;  // (thin tiles are skinny ones)
     static_assert(!SPLIT || BN != WIDE, "matmul: split-K is for narrow and skinny tiles (too few tiles for the SMs)");
-    static_assert(BN != SKINNY || SPLIT, "matmul: skinny tiles store through the split epilogue");
-    static constexpr int consumer_warpgroups = CONSUMERS, stages = BN == SKINNY ? SKINNY_STAGES : STAGES,
-                         release_lag = 1;
+    static_assert(!skinny || SPLIT, "matmul: skinny tiles store through the split epilogue");
+    static_assert(BN != THIN || B_T, "matmul: thin tiles take a K-major B (a 16-column MN-major tile is not supported)");
+    static constexpr int consumer_warpgroups = CONSUMERS,
+                         stages = BN == THIN ? THIN_STAGES : BN == SKINNY ? SKINNY_STAGES : STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
@@ -224,7 +235,7 @@ struct Layout {
     __device__ static void finish_split(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
         const int warp = kt::warpgroup::warp(), slot = consumer * 4 + warp;
         const int row16 = (t.m_tile * BM + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
-        const bool transposed = BN == SKINNY && g.c_transposed;
+        const bool transposed = skinny && g.c_transposed;
         const int rows = transposed ? g.c.cols() : g.c.rows();
         // All past M: no share of this slice stores anything. Such a warp leaves at once, in
         // every block alike; the cluster barrier does not wait for threads that have exited.
@@ -233,7 +244,7 @@ struct Layout {
             // 16-column blocks that reach into C (skinny: the tile's only column of tiles). Not
             // through kt::ceil_div: another device call site of it changes how the unsplit
             // kernels' task loops compile (SASS compared with and without).
-            const int blocks = BN == SKINNY ? ((transposed ? g.c.rows() : g.c.cols()) + 15) / 16 : BN / 16;
+            const int blocks = skinny ? ((transposed ? g.c.rows() : g.c.cols()) + 15) / 16 : BN / 16;
             float* const slice = out.partials[slot];
             store_slice(slice, r.acc, blocks);
             kt::cluster::sync();  // every share's partials are in its block's shared memory
@@ -291,12 +302,13 @@ int tile_width(const MatmulParams& p, bool c_tma) {
 }
 
 // Split-K's fixed cost (writing, exchanging and summing the partials, the cluster barriers)
-// pays only over long shares. Measured (session 17, when the partials went through global
-// memory and zeroed counters; us per call, unsplit -> split): 16x4096x14336 (32 tiles, 4
-// shares of 56 steps) 86 -> 56, 512x512x16384 (16 tiles) 80 -> 35, 1024x1024x8192 (64 tiles,
-// 2 shares of 64) 44 -> 40; shares of 32 steps lost (256x4096x4096 25.6 -> 28.1), and so did
-// all shorter ones (1024^3 10.5 -> 18.1).
-constexpr int MIN_SPLIT_STEPS = 48;
+// pays only over long enough shares. Through global memory and zeroed counters (session 17, us
+// per call, unsplit -> split) it took 48 steps: 512x512x16384 80 -> 35, 1024x1024x8192 44 -> 40,
+// while 32-step shares lost (256x4096x4096 25.6 -> 28.1) and 8-step ones lost a lot (1024^3
+// 10.5 -> 18.1). Through a cluster's shared memory (session 19, at least 48 -> 16 steps):
+// 512x512x16384 32.2 -> 30.6, 1024x1024x4096 24.4 -> 23.5, 256x4096x4096 24.9 -> 24.1,
+// 1024x1024x8192 and 2048x1024x4096 level.
+constexpr int MIN_SPLIT_STEPS = 16;
 // A skinny tile's partials are at most half a narrow one's (only the 16-column blocks that reach
 // into C are exchanged) and the product is bound by streaming the long operand, so it splits
 // down to short shares. Measured (session 18, us per call, bf16 x @ w.mT): shares of at least
@@ -365,7 +377,10 @@ TilePlan plan_tiles(const MatmulParams& p) {
     if (n_skinny || m_skinny) {
         const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
         const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
-        return {SKINNY, m_skinny, tiles, splits_that_fit(tiles, wanted)};
+        // Thin tiles when the short side fits and is K-major as the kernel's B (swapped: B is
+        // A^T, K-major when A is row-major, as activations are).
+        const bool thin = (m_skinny ? p.m : p.n) <= THIN && (m_skinny ? !p.a.transposed : p.b.transposed);
+        return {thin ? THIN : SKINNY, m_skinny, tiles, splits_that_fit(tiles, wanted)};
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
@@ -449,13 +464,15 @@ constexpr Entry entries[] = {
     entry<T, E, true, false, true, NARROW, true>(),  entry<T, E, true, true, true, NARROW, true>(),
     entry<T, E, false, false, false, SKINNY, true>(), entry<T, E, false, true, false, SKINNY, true>(),
     entry<T, E, true, false, false, SKINNY, true>(),  entry<T, E, true, true, false, SKINNY, true>(),
+    entry<T, E, false, true, false, THIN, true>(),    entry<T, E, true, true, false, THIN, true>(),
 };
 
 }  // namespace
 
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
     const TilePlan plan = plan_tiles(p);
-    const bool split = plan.bn == SKINNY || plan.splits > 1, c_tma = plan.bn != SKINNY && c_by_tma(p);
+    const bool skinny = plan.bn == SKINNY || plan.bn == THIN;
+    const bool split = skinny || plan.splits > 1, c_tma = !skinny && c_by_tma(p);
     const MatmulParams q = plan.swapped ? swapped_operands(p) : p;
     auto matches = [&](const Entry& e) {
         return e.dtype == q.dtype && e.a_transposed == q.a.transposed && e.b_transposed == q.b.transposed &&

@@ -33,6 +33,29 @@ namespace detail {
 
 // One m64nNk16 instruction per N, A from shared memory (SS) or registers (RS), B K-major
 // (TRANS_B 0) or MN-major (TRANS_B 1). Generated: the operand lists are N/2 registers long.
+#define KITTENS_WGMMA_SS_16(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_16(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void mma_64x16x16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_16("bf16");
+    else KITTENS_WGMMA_SS_16("f16");
+}
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x16x16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_16("bf16");
+    else KITTENS_WGMMA_RS_16("f16");
+}
+#undef KITTENS_WGMMA_SS_16
+#undef KITTENS_WGMMA_RS_16
+
 #define KITTENS_WGMMA_SS_64(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
@@ -106,14 +129,16 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], const uint32_t (&
 // this warp's 16 x 16 fragment (RS, always K-major).
 template <half_precision T, int TRANS_A, int TRANS_B, int N, typename AOperand>
 __device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, uint64_t desc_b, int accumulate) {
-    static_assert(N == 64 || N == 128 || N == 256, "wgmma: N is 64, 128 or 256");
+    static_assert(N == 16 || N == 64 || N == 128 || N == 256, "wgmma: N is 16, 64, 128 or 256");
     if constexpr (std::same_as<AOperand, uint64_t>) {
-        if constexpr (N == 64) mma_64x64x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        if constexpr (N == 16) mma_64x16x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 64) mma_64x64x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
     } else {
         static_assert(TRANS_A == 0, "wgmma: a register A operand is always K-major");
-        if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        if constexpr (N == 16) mma_64x16x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);
     }

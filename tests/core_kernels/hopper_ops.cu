@@ -124,7 +124,8 @@ bool try_wgmma(int n, int k, bool accumulate, int variant, const gl_args& a, con
 void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b,
            const gl_args& c, const gl_args& d, int64_t stream) {
     auto go = [&]<typename T>(std::type_identity<T>) {
-        const bool done = try_wgmma<T, 64, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+        const bool done = try_wgmma<T, 16, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 64, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 128, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 256, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 128, 128>(n, k, accumulate, variant, a, b, c, d, stream);
