@@ -21,8 +21,9 @@ import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
 
 # (batch_a, batch_b, M, N, K); K is a multiple of 8, so A row-major and B column-major are always readable.
 # A side of at most 64 takes skinny tiles (M <= 64 swapped, C stored transposed; at most 16 with
-# a K-major operand: thin tiles). The last five split K over the blocks of a cluster (split-K:
-# few output tiles, long K): skinny swapped (17 x 264, 8 shares: the cap), thin swapped (9 x 264),
+# a K-major operand, 32 for 17..32: thin tiles). The last five split K over the blocks of a
+# cluster (split-K: few output tiles, long K): skinny / thin-32 swapped by layout (17 x 264, 8
+# shares: the cap), thin swapped (9 x 264),
 # natural (300 x 16, 4 shares), narrow (2 and several shares).
 SHAPES = [(1, 1, 1, 8, 8), (1, 1, 17, 40, 24), (1, 1, 130, 264, 72), (2, 2, 65, 300, 136),
           (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16),

@@ -79,7 +79,7 @@ def test_tma_load_store_reduce(hopper, dtype, case):
 
 # ---- wgmma ----------------------------------------------------------------------------------
 
-WGMMA_SHAPES = [(16, 64), (64, 64), (128, 64), (256, 64), (128, 128)]  # (N, K), M = 64
+WGMMA_SHAPES = [(16, 64), (32, 64), (64, 64), (128, 64), (256, 64), (128, 128)]  # (N, K), M = 64
 # bit0: b is K x N; bit1: a in registers; bit2: a given transposed (K x 64) in shared memory
 WGMMA_VARIANTS = {0: "ss-abt", 1: "ss-ab", 2: "rs-abt", 3: "rs-ab", 4: "ss-atbt", 5: "ss-atb"}
 

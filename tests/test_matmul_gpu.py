@@ -172,8 +172,8 @@ SPLIT_K = {
     "batched-3x100x256x8192": (3, 3, 100, 256, 8192),
 }
 # A side of C of at most 64 (decode-size M, or a narrow N) runs on 128 x 64 tiles with that side
-# as the short one, or at most 16 on 128 x 16 (thin) tiles when that side's operand is K-major
-# (row-major a, column-major b); a short M runs swapped (C^T = B^T A^T, C stored transposed from
+# as the short one, or at most 16 / 32 on 128 x 16 / 128 x 32 (thin) tiles when that side's
+# operand is K-major (row-major a, column-major b: 17, 24 and 32 take 32-wide tiles); a short M runs swapped (C^T = B^T A^T, C stored transposed from
 # registers). Cases: M = 1 and 16 at decode sizes (split 3 ways, and 112 tiles unsplit), K steps
 # that do not divide evenly (225 over 3), partial tiles with a K that is not a multiple of 64 (5
 # shares; thin: 4 shares of 16-17 steps), a narrow N (natural layout, split and unsplit), both
@@ -184,6 +184,7 @@ SKINNY = {
     "decode-16x4096x14336": (1, 1, 16, 4096, 14336),
     "uneven-k-33x4096x14344": (1, 1, 33, 4096, 14344),
     "thin-uneven-k-9x3000x4104": (1, 1, 9, 3000, 4104),
+    "thin32-decode-32x4096x4104": (1, 1, 32, 4096, 4104),
     "decode-64x1000x3000": (1, 1, 64, 1000, 3000),
     "narrow-n-4096x16x4096": (1, 1, 4096, 16, 4096),
     "narrow-n-1000x40x520": (1, 1, 1000, 40, 520),

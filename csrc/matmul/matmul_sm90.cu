@@ -6,10 +6,10 @@
 //   fewer tiles than SMs); a persistent grid walks the tasks in groups of 8 tile-rows so that
 //   blocks running together share A rows and B columns in L2;
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
-//   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 on thin
-//   128 x 16 tiles with 12 stages: its time is streaming the long operand.
+//   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 or 32 (and a
+//   K-major operand) on thin 128 x 16 or 128 x 32 tiles: its time is streaming the long operand.
 //   A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
-//   transposed from registers), so that the 64-wide side is always the short one. Skinny
+//   transposed from registers), so that the tile's narrow side is always the short one. Skinny
 //   tiles always end in the split-K epilogue below (splits may be 1: a plain bounded store);
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
@@ -50,11 +50,12 @@ namespace kt = kittens;
 
 constexpr int BM = 128, BK = 64;
 constexpr int WIDE = 256, NARROW = 128, SKINNY = 64;  // the tile widths (BN)
-// Thin tiles: skinny ones for a side of at most 16 (decode batches), wgmma 64x16x16. Their short
-// operand's slice is 2 KiB instead of 8 and a k-step is a quarter of the tensor work. Measured
-// (session 19, us per call, bf16 x @ w.mT, 128 x 64 -> 128 x 16 tiles): 1x4096x4096 19.5 -> 12.6,
-// 16x4096x4096 17.8 -> 12.8, 16x14336x4096 37.1 -> 35.0, 8x28672x8192 130.2 -> 116.0.
-constexpr int THIN = 16;
+// Thin tiles: skinny ones 16 or 32 columns wide, for a side of at most 16 or 32 (decode batches)
+// whose operand is K-major. Their short operand's slice is 2 or 4 KiB instead of 8 (out-of-range
+// rows included: TMA writes them as zeros) and a k-step is a quarter or half of the tensor work.
+// Measured (session 19, us per call, bf16 x @ w.mT, 128 x 64 -> 128 x 16 tiles): 1x4096x4096
+// 19.5 -> 12.6, 16x4096x4096 17.8 -> 12.8, 16x14336x4096 37.1 -> 35.0, 8x28672x8192 130.2 -> 116.0.
+constexpr int THIN = 16, THIN_32 = 32;
 constexpr int STAGES = 4;
 // Skinny and thin tiles stream mostly one operand (the other is at most 64 or 16 rows, largely
 // zero-filled): a deeper ring keeps more of it in flight. Measured (session 19): 64-row skinny
@@ -106,14 +107,14 @@ __device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* 
 // Skinny tiles always take the split epilogue (with splits == 1: a plain bounded store).
 template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
 struct Layout {
-    static_assert(BN == WIDE || BN == NARROW || BN == SKINNY || BN == THIN,
-                  "matmul: tiles are 256, 128, 64 or 16 columns wide");
-    static constexpr bool skinny = BN == SKINNY || BN == THIN;  // (thin tiles are skinny ones)
+    static_assert(BN == WIDE || BN == NARROW || BN == SKINNY || BN == THIN_32 || BN == THIN,
+                  "matmul: tiles are 256, 128, 64, 32 or 16 columns wide");
+    static constexpr bool skinny = BN <= SKINNY, thin = BN < SKINNY;  // (thin tiles are skinny ones)
     static_assert(!SPLIT || BN != WIDE, "matmul: split-K is for narrow and skinny tiles (too few tiles for the SMs)");
     static_assert(!skinny || SPLIT, "matmul: skinny tiles store through the split epilogue");
-    static_assert(BN != THIN || B_T, "matmul: thin tiles take a K-major B (a 16-column MN-major tile is not supported)");
+    static_assert(!thin || B_T, "matmul: thin tiles take a K-major B (a 16- or 32-column MN-major tile is not supported)");
     static constexpr int consumer_warpgroups = CONSUMERS,
-                         stages = BN == THIN ? THIN_STAGES : BN == SKINNY ? SKINNY_STAGES : STAGES, release_lag = 1;
+                         stages = thin ? THIN_STAGES : skinny ? SKINNY_STAGES : STAGES, release_lag = 1;
     using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
@@ -377,10 +378,12 @@ TilePlan plan_tiles(const MatmulParams& p) {
     if (n_skinny || m_skinny) {
         const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
         const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
-        // Thin tiles when the short side fits and is K-major as the kernel's B (swapped: B is
-        // A^T, K-major when A is row-major, as activations are).
-        const bool thin = (m_skinny ? p.m : p.n) <= THIN && (m_skinny ? !p.a.transposed : p.b.transposed);
-        return {thin ? THIN : SKINNY, m_skinny, tiles, splits_that_fit(tiles, wanted)};
+        // Thin tiles when the short side fits in 16 or 32 and is K-major as the kernel's B
+        // (swapped: B is A^T, K-major when A is row-major, as activations are).
+        const int side = m_skinny ? p.m : p.n;
+        const bool k_major = m_skinny ? !p.a.transposed : p.b.transposed;
+        const int bn = !k_major ? SKINNY : side <= THIN ? THIN : side <= THIN_32 ? THIN_32 : SKINNY;
+        return {bn, m_skinny, tiles, splits_that_fit(tiles, wanted)};
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
@@ -465,13 +468,14 @@ constexpr Entry entries[] = {
     entry<T, E, false, false, false, SKINNY, true>(), entry<T, E, false, true, false, SKINNY, true>(),
     entry<T, E, true, false, false, SKINNY, true>(),  entry<T, E, true, true, false, SKINNY, true>(),
     entry<T, E, false, true, false, THIN, true>(),    entry<T, E, true, true, false, THIN, true>(),
+    entry<T, E, false, true, false, THIN_32, true>(), entry<T, E, true, true, false, THIN_32, true>(),
 };
 
 }  // namespace
 
 cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
     const TilePlan plan = plan_tiles(p);
-    const bool skinny = plan.bn == SKINNY || plan.bn == THIN;
+    const bool skinny = plan.bn <= SKINNY;
     const bool split = skinny || plan.splits > 1, c_tma = !skinny && c_by_tma(p);
     const MatmulParams q = plan.swapped ? swapped_operands(p) : p;
     auto matches = [&](const Entry& e) {

@@ -56,6 +56,29 @@ __device__ __forceinline__ void mma_64x16x16(float (&d)[8], const uint32_t (&a)[
 #undef KITTENS_WGMMA_SS_16
 #undef KITTENS_WGMMA_RS_16
 
+#define KITTENS_WGMMA_SS_32(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_32(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void mma_64x32x16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_32("bf16");
+    else KITTENS_WGMMA_SS_32("f16");
+}
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x32x16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_32("bf16");
+    else KITTENS_WGMMA_RS_32("f16");
+}
+#undef KITTENS_WGMMA_SS_32
+#undef KITTENS_WGMMA_RS_32
+
 #define KITTENS_WGMMA_SS_64(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
@@ -129,15 +152,17 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], const uint32_t (&
 // this warp's 16 x 16 fragment (RS, always K-major).
 template <half_precision T, int TRANS_A, int TRANS_B, int N, typename AOperand>
 __device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, uint64_t desc_b, int accumulate) {
-    static_assert(N == 16 || N == 64 || N == 128 || N == 256, "wgmma: N is 16, 64, 128 or 256");
+    static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "wgmma: N is 16, 32, 64, 128 or 256");
     if constexpr (std::same_as<AOperand, uint64_t>) {
         if constexpr (N == 16) mma_64x16x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 32) mma_64x32x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 64) mma_64x64x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
     } else {
         static_assert(TRANS_A == 0, "wgmma: a register A operand is always K-major");
         if constexpr (N == 16) mma_64x16x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 32) mma_64x32x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);

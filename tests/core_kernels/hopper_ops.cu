@@ -125,6 +125,7 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
            const gl_args& c, const gl_args& d, int64_t stream) {
     auto go = [&]<typename T>(std::type_identity<T>) {
         const bool done = try_wgmma<T, 16, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 32, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 64, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 128, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 256, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
