@@ -14,6 +14,10 @@ they are skipped and the fallback tests check that tk.matmul is torch.matmul the
 """
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 import zlib
 
 import pytest
@@ -415,6 +419,40 @@ def test_cuda_graph_capture_and_replay(kernel):
         assert_close_to_reference(static_out, a, b)
         with tk.strict():
             assert torch.equal(static_out, tk.matmul(a, b))
+
+
+# A split product's first call in a process, inside a CUDA graph capture: the launch asks the
+# driver once how many clusters fit (cached per device), and the split launch itself is a
+# cluster launch; both must be legal under capture. A fresh process, so nothing is cached yet.
+FIRST_CALL_IN_A_GRAPH = """
+    import torch, thunderkittens as tk
+    torch.manual_seed(0)
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(1000, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 1000, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), tk.strict():
+        thin, narrow = tk.matmul(x, w.mT), tk.matmul(a, b)
+    for _ in range(2):
+        for t in (x, w, a, b):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        for out, p, q in ((thin, x, w.mT), (narrow, a, b)):
+            ref = p.double() @ q.double()
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            assert err < 1e-2, err
+    print("ok")
+"""
+
+
+def test_split_products_first_called_inside_a_graph_capture(kernel):
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tk.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(FIRST_CALL_IN_A_GRAPH)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
 def test_torch_compile_fullgraph_matches_eager(kernel):

@@ -57,7 +57,7 @@ constexpr int WIDE = 256, NARROW = 128, SKINNY = 64;  // the tile widths (BN)
 // 19.5 -> 12.6, 16x4096x4096 17.8 -> 12.8, 16x14336x4096 37.1 -> 35.0, 8x28672x8192 130.2 -> 116.0.
 constexpr int THIN = 16, THIN_32 = 32;
 constexpr int STAGES = 4;
-// Skinny and thin tiles stream mostly one operand (the other is at most 64 or 16 rows, largely
+// Skinny and thin tiles stream mostly one operand (the other is at most 64, 32 or 16 rows, often
 // zero-filled): a deeper ring keeps more of it in flight. Measured (session 19): 64-row skinny
 // tiles with 12 stages (96 KiB of the long operand in flight per SM) streamed 10-20% slower than
 // these; 12 thin stages instead of 8 were level or slower (16x4096x14336 39.5 against 37.1 us).
@@ -362,9 +362,10 @@ int splits_that_fit(int64_t tiles, int64_t wanted) {
 }
 
 // How a call is tiled. A product with a side of at most 64 (decode-size M, or a narrow N) runs
-// on skinny 128 x 64 tiles whose short side is that one: with a short M the product is run
-// swapped, C^T = B^T A^T, so that the long N is tiled by 128 rows (wgmma's M) and the few rows
-// of A become the 64 columns (wgmma's N). Everything else runs on wide or narrow tiles.
+// on skinny 128 x 64 tiles (or thin 128 x 16 / 128 x 32 ones, see THIN) whose short side is
+// that one: with a short M the product is run swapped, C^T = B^T A^T, so that the long N is
+// tiled by 128 rows (wgmma's M) and the few rows of A become the tile's columns (wgmma's N).
+// Everything else runs on wide or narrow tiles.
 struct TilePlan {
     int bn;
     bool swapped;
