@@ -1,4 +1,5 @@
-// Work split over blocks whose last finisher combines the parts (split-K, split key ranges):
+// Work split over blocks whose last finisher combines the parts (the attention forward's split
+// key ranges; tk.matmul's split-K used it until its shares became one cluster, session 19):
 // each part's warp writes its results to global memory and arrives at a counter; only the
 // warp whose arrival completes the count reads all the parts back.
 #pragma once
