@@ -36,7 +36,6 @@
 #include <map>
 #include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
@@ -255,13 +254,9 @@ struct Layout {
                 load_slice<false>(r.acc, slice, 0, blocks);
                 for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice, split, blocks);
             }
-            // No block may exit while another reads its shared memory.
+            // No block may exit while another reads its shared memory (the store runs meanwhile).
             kt::cluster::arrive();
-            if (!sums) {
-                kt::cluster::wait();
-                return;
-            }
-            store_rows(r, t, g, row16, transposed);
+            if (sums) store_rows(r, t, g, row16, transposed);
             kt::cluster::wait();
             return;
         }
@@ -323,32 +318,32 @@ constexpr int MAX_SPLITS = 8;
 // per SM (its shared memory), so they all fit the same clusters.
 using ClusterProbe = Layout<kt::bf16, false, false, false, SKINNY, true>;
 
-// How many clusters of `blocks` blocks the current device runs at once. A cluster lives on one
-// GPC, so when the GPCs' SM counts are not multiples of `blocks` this is less than SMs / blocks.
-// Asked of the driver once per device and size (0 if it cannot say: then nothing is split).
-int clusters_that_fit(int blocks) {
+// clusters[s]: how many clusters of s blocks (2..MAX_SPLITS) the current device runs at once. A
+// cluster lives on one GPC, so when the GPCs' SM counts are not multiples of s this is less
+// than SMs / s. Asked of the driver once per device, all sizes at once (all 0 if it cannot
+// say: then nothing is split).
+struct ClusterCapacity {
+    int clusters[MAX_SPLITS + 1] = {};
+};
+ClusterCapacity cluster_capacity() {
     static std::mutex mutex;
-    static std::map<std::pair<int, int>, int> known;  // (device, blocks) -> clusters
+    static std::map<int, ClusterCapacity> known;  // device -> capacity
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return {};
     const std::lock_guard<std::mutex> lock(mutex);
-    const auto [at, added] = known.try_emplace({device, blocks}, 0);
+    const auto [at, added] = known.try_emplace(device);
     if (added) {
         auto kernel = kt::pipeline::kernel<ClusterProbe>;
         constexpr int smem = kt::pipeline::shared_bytes<ClusterProbe>();
-        cudaLaunchAttribute cluster{};
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = blocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(blocks), config.blockDim = dim3(kt::pipeline::threads<ClusterProbe>());
-        config.dynamicSmemBytes = smem, config.attrs = &cluster, config.numAttrs = 1;
-        int clusters = 0;
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-            cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
-            clusters = 0;
+        bool failed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess;
+        for (int size = 2; size <= MAX_SPLITS && !failed; size++) {
+            const kt::cluster::launch_config launch(size, size, kt::pipeline::threads<ClusterProbe>(), smem);
+            failed = cudaOccupancyMaxActiveClusters(&at->second.clusters[size], kernel, &launch.config) != cudaSuccess;
         }
-        at->second = clusters;
+        if (failed) {
+            at->second = {};
+            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
+        }
     }
     return at->second;
 }
@@ -356,8 +351,9 @@ int clusters_that_fit(int blocks) {
 // Shares per tile: `wanted`, down to what fits in one round of clusters (every block then has
 // exactly one task, which the split epilogue relies on).
 int splits_that_fit(int64_t tiles, int64_t wanted) {
+    const ClusterCapacity capacity = cluster_capacity();
     int splits = int(std::clamp<int64_t>(wanted, 1, MAX_SPLITS));
-    while (splits > 1 && tiles > clusters_that_fit(splits)) splits--;
+    while (splits > 1 && tiles > capacity.clusters[splits]) splits--;
     return splits;
 }
 
@@ -432,13 +428,8 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     }
     // Split: a tile's shares are consecutive blocks (get_task), one cluster; one task per block.
     if (blocks != tasks) return cudaErrorInvalidConfiguration;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = plan.splits, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks), config.blockDim = dim3(kt::pipeline::threads<L>());
-    config.dynamicSmemBytes = smem, config.stream = stream, config.attrs = &cluster, config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, g);
+    const kt::cluster::launch_config launch(blocks, plan.splits, kt::pipeline::threads<L>(), smem, stream);
+    return cudaLaunchKernelEx(&launch.config, kernel, g);
 }
 
 // The instantiations: one row per (element type, A column-major, B column-major, C rows

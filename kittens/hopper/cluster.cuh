@@ -1,8 +1,10 @@
 // Thread block clusters (sm_90): a block's rank in its cluster, the cluster-wide barrier, and
-// reads of another block's shared memory (distributed shared memory). The blocks of a cluster
-// run at the same time on one GPC, so they can exchange results through shared memory instead
-// of global memory, fences and counters.
+// reads of another block's shared memory (distributed shared memory); on the host, the launch
+// configuration of a clustered grid. The blocks of a cluster run at the same time on one GPC,
+// so they can exchange results through shared memory instead of global memory, fences and
+// counters.
 #pragma once
+#include <cuda_runtime.h>
 #include <cstdint>
 #include "../common/util.cuh"
 
@@ -49,5 +51,22 @@ __device__ __forceinline__ float4 load_shared(uint32_t address) {
                  : "memory");
     return v;
 }
+
+// Host: a launch of `blocks` blocks (a multiple of `size`) in 1-D clusters of `size` blocks, for
+// cudaLaunchKernelEx(&launch.config, kernel, args...) and cudaOccupancyMaxActiveClusters. The
+// configuration points at the attribute beside it, so it is neither copied nor moved.
+struct launch_config {
+    cudaLaunchAttribute dimension{};
+    cudaLaunchConfig_t config{};
+    launch_config(int blocks, int size, int threads, int shared_bytes, cudaStream_t stream = nullptr) {
+        dimension.id = cudaLaunchAttributeClusterDimension;
+        dimension.val.clusterDim.x = size, dimension.val.clusterDim.y = 1, dimension.val.clusterDim.z = 1;
+        config.gridDim = dim3(blocks), config.blockDim = dim3(threads);
+        config.dynamicSmemBytes = shared_bytes, config.stream = stream;
+        config.attrs = &dimension, config.numAttrs = 1;
+    }
+    launch_config(const launch_config&) = delete;
+    launch_config& operator=(const launch_config&) = delete;
+};
 
 }  // namespace kittens::cluster

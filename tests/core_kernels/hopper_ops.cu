@@ -266,13 +266,8 @@ void cluster_exchange(int64_t in, int blocks, int size, int shift, int64_t out, 
     const int smem = shared_bytes_for<cluster_buffer>();
     auto kernel = cluster_exchange_kernel;
     allow_shared(kernel, smem);
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = size, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks), config.blockDim = dim3(256), config.dynamicSmemBytes = smem;
-    config.stream = as_stream(stream), config.attrs = &cluster, config.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&config, kernel, reinterpret_cast<const float*>(in), shift,
+    const cluster::launch_config launch(blocks, size, 256, smem, as_stream(stream));
+    const cudaError_t e = cudaLaunchKernelEx(&launch.config, kernel, reinterpret_cast<const float*>(in), shift,
                                              reinterpret_cast<float*>(out), reinterpret_cast<int*>(ranks));
     if (e != cudaSuccess) throw std::runtime_error(std::string("cluster_exchange: ") + cudaGetErrorString(e));
     check_launch("cluster_exchange");
