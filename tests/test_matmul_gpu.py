@@ -181,7 +181,9 @@ SPLIT_K = {
 # registers). Cases: M = 1 and 16 at decode sizes (split 3 ways, and 112 tiles unsplit), K steps
 # that do not divide evenly (225 over 3), partial tiles with a K that is not a multiple of 64 (5
 # shares; thin: 4 shares of 16-17 steps), a narrow N (natural layout, split and unsplit), both
-# sides small, batches, each side broadcast.
+# sides small, batches, each side broadcast. Over a long K the tiles are 64 rows tall when that
+# keeps more SMs busy (16x4096x14336; 64x4096x8192; thin-32 24x4000x8200: 63 tiles, the last
+# partial, in 2 uneven shares of 64 and 65 steps).
 SKINNY = {
     "decode-1x4096x4096": (1, 1, 1, 4096, 4096),
     "decode-16x14336x4096": (1, 1, 16, 14336, 4096),
@@ -190,6 +192,8 @@ SKINNY = {
     "thin-uneven-k-9x3000x4104": (1, 1, 9, 3000, 4104),
     "thin32-decode-32x4096x4104": (1, 1, 32, 4096, 4104),
     "decode-64x1000x3000": (1, 1, 64, 1000, 3000),
+    "short-rows-64x4096x8192": (1, 1, 64, 4096, 8192),
+    "short-rows-thin32-24x4000x8200": (1, 1, 24, 4000, 8200),
     "narrow-n-4096x16x4096": (1, 1, 4096, 16, 4096),
     "narrow-n-1000x40x520": (1, 1, 1000, 40, 520),
     "both-small-33x24x776": (1, 1, 33, 24, 776),

@@ -8,12 +8,13 @@
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
 //   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 or 32 (and a
 //   K-major operand) on thin 128 x 16 or 128 x 32 tiles: its time is streaming the long operand.
-//   A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
+//   Over a long K, such tiles may be 64 rows tall instead, which spreads the stream over more
+//   SMs (SHORT_BM). A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
 //   transposed from registers), so that the tile's narrow side is always the short one. Skinny
 //   tiles always end in the split-K epilogue below (splits may be 1: a plain bounded store);
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
-// - two consumer warpgroups each own 64 rows and issue wgmma 64xBNx16 from shared
+// - two consumer warpgroups (one in a 64-row tile) each own 64 rows and issue wgmma 64xBNx16 from shared
 //   memory, keeping one wgmma group in flight (release_lag = 1) so the tensor cores do
 //   not drain at every stage;
 // - transposed operands are read as they are: a column-major A or B is loaded as its
@@ -62,7 +63,16 @@ constexpr int STAGES = 4;
 // these; 12 thin stages instead of 8 were level or slower (16x4096x14336 39.5 against 37.1 us).
 constexpr int SKINNY_STAGES = 8, THIN_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
-constexpr int CONSUMERS = 2, WARP_SLOTS = CONSUMERS * 4;  // consumer warpgroups, their warps
+// Short skinny tiles: 64 rows (one consumer warpgroup) instead of BM, so that a product with few
+// tiles can stream its long operand on more SMs (N = 4096: 64 tiles in 2 shares, 128 blocks,
+// where 32 tiles took 3 shares, 96 blocks: the most clusters of 4 that fit are 30). Their rings
+// are deeper, to keep as many bytes in flight. They pay only over long shares (MIN_SHORT_STEPS).
+constexpr int SHORT_BM = 64, SHORT_THIN_STAGES = 16, SHORT_SKINNY_STAGES = 12;
+// Measured (session 20, us per call, bf16 x @ w.mT, N = 4096, 128-row tiles in 3 shares ->
+// 64-row tiles in 2 shares of K / 128 steps): M = 16, K = 4096 (32 steps) 12.7 -> 14.3, 6144 (48)
+// 18.6 -> 19.0, 8192 (64) 24.4 -> 23.3, 10240 (80) 28.6 -> 27.2, 14336 (112) 37.2 -> 35.4;
+// M = 64 (64-wide tiles), K = 4096 15.4 -> 16.4, 6144 level, 8192 27.7 -> 25.8, 14336 41.4 -> 39.1.
+constexpr int MIN_SHORT_STEPS = 64;
 
 // A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
 // cluster's blocks), in register order: float4 f of every lane is at float4 index f * 32 + lane,
@@ -104,7 +114,7 @@ __device__ __forceinline__ void load_slice(kt::rt_fl<16, BN>& acc, const float* 
 
 // SPLIT: split-K (see the top); C is then stored from registers, so C_TMA does not matter.
 // Skinny tiles always take the split epilogue (with splits == 1: a plain bounded store).
-template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false, int ROWS = BM>
 struct Layout {
     static_assert(BN == WIDE || BN == NARROW || BN == SKINNY || BN == THIN_32 || BN == THIN,
                   "matmul: tiles are 256, 128, 64, 32 or 16 columns wide");
@@ -112,9 +122,13 @@ struct Layout {
     static_assert(!SPLIT || BN != WIDE, "matmul: split-K is for narrow and skinny tiles (too few tiles for the SMs)");
     static_assert(!skinny || SPLIT, "matmul: skinny tiles store through the split epilogue");
     static_assert(!thin || B_T, "matmul: thin tiles take a K-major B (a 16- or 32-column MN-major tile is not supported)");
-    static constexpr int consumer_warpgroups = CONSUMERS,
-                         stages = thin ? THIN_STAGES : skinny ? SKINNY_STAGES : STAGES, release_lag = 1;
-    using a_tile = std::conditional_t<A_T, kt::st<T, BK, BM>, kt::st<T, BM, BK>>;
+    static_assert(ROWS == BM || (ROWS == SHORT_BM && skinny), "matmul: 64-row tiles are skinny ones");
+    static constexpr bool short_rows = ROWS == SHORT_BM;
+    static constexpr int consumer_warpgroups = ROWS / 64,
+                         stages = thin ? (short_rows ? SHORT_THIN_STAGES : THIN_STAGES)
+                                : skinny ? (short_rows ? SHORT_SKINNY_STAGES : SKINNY_STAGES) : STAGES,
+                         release_lag = 1;
+    using a_tile = std::conditional_t<A_T, kt::st<T, BK, ROWS>, kt::st<T, ROWS, BK>>;
     using b_tile = std::conditional_t<B_T, kt::st<T, BN, BK>, kt::st<T, BK, BN>>;
     using c_tile = kt::st<T, 64, EPILOGUE_COLS>;
     struct inputs {
@@ -125,7 +139,7 @@ struct Layout {
         c_tile c[2][2];  // [consumer][alternating buffer]
     };
     struct split_outputs {
-        float partials[WARP_SLOTS][16 * BN];  // each warp's fp32 rows of its share (store_slice)
+        float partials[consumer_warpgroups * 4][16 * BN];  // each warp's fp32 rows of its share (store_slice)
     };
     struct no_outputs {};
     using outputs = std::conditional_t<SPLIT, split_outputs, std::conditional_t<C_TMA, staged_outputs, no_outputs>>;
@@ -206,7 +220,7 @@ struct Layout {
         if constexpr (SPLIT) {
             finish_split(r, out, t, g, consumer);
         } else if constexpr (C_TMA) {
-            const int row_tile = t.m_tile * (BM / 64) + consumer;  // in 64-row units
+            const int row_tile = t.m_tile * (ROWS / 64) + consumer;  // in 64-row units
             const int barrier = 1 + consumer;                      // named barrier of this warpgroup
             const bool issuer = kt::warpgroup::thread() == 0;
 #pragma unroll
@@ -226,7 +240,7 @@ struct Layout {
                 }
             }
         } else {
-            kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * BM + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
+            kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * ROWS + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
         }
     }
     // Split-K (see the top). A split launch gives every block exactly one task (tiles x splits
@@ -234,7 +248,7 @@ struct Layout {
     // cluster rank, and nothing else uses `out` meanwhile.
     __device__ static void finish_split(registers& r, outputs& out, const task& t, const globals& g, int consumer) {
         const int warp = kt::warpgroup::warp(), slot = consumer * 4 + warp;
-        const int row16 = (t.m_tile * BM + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
+        const int row16 = (t.m_tile * ROWS + consumer * 64) / 16 + warp;  // this warp's rows, in 16s
         const bool transposed = skinny && g.c_transposed;
         const int rows = transposed ? g.c.cols() : g.c.rows();
         // All past M: no share of this slice stores anything. Such a warp leaves at once, in
@@ -360,10 +374,11 @@ int splits_that_fit(int64_t tiles, int64_t wanted) {
 // How a call is tiled. A product with a side of at most 64 (decode-size M, or a narrow N) runs
 // on skinny 128 x 64 tiles (or thin 128 x 16 / 128 x 32 ones, see THIN) whose short side is
 // that one: with a short M the product is run swapped, C^T = B^T A^T, so that the long N is
-// tiled by 128 rows (wgmma's M) and the few rows of A become the tile's columns (wgmma's N).
-// Everything else runs on wide or narrow tiles.
+// tiled by 128 rows (wgmma's M; 64 with SHORT_BM) and the few rows of A become the tile's
+// columns (wgmma's N). Everything else runs on wide or narrow tiles.
 struct TilePlan {
     int bn;
+    int rows;  // tile rows: BM, or SHORT_BM for skinny tiles
     bool swapped;
     int64_t tiles;  // output tiles, over the batch
     int splits;     // split-K shares per tile, the cluster size (1: none)
@@ -373,19 +388,26 @@ TilePlan plan_tiles(const MatmulParams& p) {
     const int64_t sms = std::max(p.multiprocessors, 0);
     const bool n_skinny = p.n <= SKINNY && p.n <= p.m, m_skinny = !n_skinny && p.m <= SKINNY;
     if (n_skinny || m_skinny) {
-        const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, BM)) * p.batch;  // one tile column
-        const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
         // Thin tiles when the short side fits in 16 or 32 and is K-major as the kernel's B
         // (swapped: B is A^T, K-major when A is row-major, as activations are).
         const int side = m_skinny ? p.m : p.n;
         const bool k_major = m_skinny ? !p.a.transposed : p.b.transposed;
         const int bn = !k_major ? SKINNY : side <= THIN ? THIN : side <= THIN_32 ? THIN_32 : SKINNY;
-        return {bn, m_skinny, tiles, splits_that_fit(tiles, wanted)};
+        auto plan = [&](int rows) {
+            const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, rows)) * p.batch;  // one tile column
+            const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
+            return TilePlan{bn, rows, m_skinny, tiles, splits_that_fit(tiles, wanted)};
+        };
+        // 64-row tiles where they keep more SMs streaming in one round, over long enough shares.
+        const TilePlan tall = plan(BM), short_ = plan(SHORT_BM);
+        const int64_t tall_blocks = tall.tiles * tall.splits, short_blocks = short_.tiles * short_.splits;
+        const bool long_shares = kt::ceil_div(p.k, BK) / short_.splits >= MIN_SHORT_STEPS;
+        return short_blocks <= sms && short_blocks > tall_blocks && long_shares ? short_ : tall;
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
     const int64_t wanted = bn == NARROW ? std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS) : 1;
-    return {bn, false, tiles, splits_that_fit(tiles, wanted)};
+    return {bn, BM, false, tiles, splits_that_fit(tiles, wanted)};
 }
 
 // The swapped problem: A' = B^T and B' = A^T are the same memory read the other way (each
@@ -399,9 +421,9 @@ MatmulParams swapped_operands(const MatmulParams& p) {
 }
 
 // q: the problem as the kernel runs it (swapped_operands when plan.swapped); C is p.c either way.
-template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT>
+template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT, int ROWS>
 cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t stream) {
-    using L = Layout<T, A_T, B_T, C_TMA, BN, SPLIT>;
+    using L = Layout<T, A_T, B_T, C_TMA, BN, SPLIT, ROWS>;
     const kt::gl<T> a = operand_layout<T>(q.a, q.m, q.k), b = operand_layout<T>(q.b, q.k, q.n);
     const kt::gl<T> c(static_cast<T*>(q.c), q.batch, 1, plan.swapped ? q.n : q.m, plan.swapped ? q.m : q.n);
     CUtensorMap a_map, b_map, c_map{};
@@ -411,7 +433,7 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     if constexpr (C_TMA && !SPLIT)
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
-                                kt::ceil_div(q.m, BM), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
+                                kt::ceil_div(q.m, ROWS), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
                                 plan.splits, kt::ceil_div(q.k, BK), plan.swapped};
 
     const int64_t tasks = plan.tiles * plan.splits;
@@ -440,12 +462,13 @@ struct Entry {
     bool a_transposed, b_transposed, c_tma;
     int bn;
     bool split;
+    int rows;
     cudaError_t (*run)(const MatmulParams&, const TilePlan&, cudaStream_t);
 };
 // One row, its key fields taken from the instantiation they select.
-template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false>
+template <typename T, ElementType E, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT = false, int ROWS = BM>
 constexpr Entry entry() {
-    return {E, A_T, B_T, C_TMA, BN, SPLIT, launch<T, A_T, B_T, C_TMA, BN, SPLIT>};
+    return {E, A_T, B_T, C_TMA, BN, SPLIT, ROWS, launch<T, A_T, B_T, C_TMA, BN, SPLIT, ROWS>};
 }
 template <typename T, ElementType E>
 constexpr Entry entries[] = {
@@ -461,6 +484,10 @@ constexpr Entry entries[] = {
     entry<T, E, true, false, false, SKINNY, true>(),  entry<T, E, true, true, false, SKINNY, true>(),
     entry<T, E, false, true, false, THIN, true>(),    entry<T, E, true, true, false, THIN, true>(),
     entry<T, E, false, true, false, THIN_32, true>(), entry<T, E, true, true, false, THIN_32, true>(),
+    entry<T, E, false, false, false, SKINNY, true, SHORT_BM>(), entry<T, E, false, true, false, SKINNY, true, SHORT_BM>(),
+    entry<T, E, true, false, false, SKINNY, true, SHORT_BM>(),  entry<T, E, true, true, false, SKINNY, true, SHORT_BM>(),
+    entry<T, E, false, true, false, THIN, true, SHORT_BM>(),    entry<T, E, true, true, false, THIN, true, SHORT_BM>(),
+    entry<T, E, false, true, false, THIN_32, true, SHORT_BM>(), entry<T, E, true, true, false, THIN_32, true, SHORT_BM>(),
 };
 
 }  // namespace
@@ -472,7 +499,7 @@ cudaError_t matmul_sm90(const MatmulParams& p, cudaStream_t stream) {
     const MatmulParams q = plan.swapped ? swapped_operands(p) : p;
     auto matches = [&](const Entry& e) {
         return e.dtype == q.dtype && e.a_transposed == q.a.transposed && e.b_transposed == q.b.transposed &&
-               e.c_tma == c_tma && e.bn == plan.bn && e.split == split;
+               e.c_tma == c_tma && e.bn == plan.bn && e.split == split && e.rows == plan.rows;
     };
     for (const Entry& e : entries<kt::bf16, ElementType::bf16>)
         if (matches(e)) return e.run(q, plan, stream);
