@@ -9,14 +9,15 @@
 //   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 or 32 (and a
 //   K-major operand) on thin 128 x 16 or 128 x 32 tiles: its time is streaming the long operand.
 //   Over a long K, such tiles may be 64 rows tall instead, which spreads the stream over more
-//   SMs (SHORT_BM). A short M is run swapped, C^T = B^T A^T (the operands read the other way, C stored
-//   transposed from registers), so that the tile's narrow side is always the short one. Skinny
-//   tiles always end in the split-K epilogue below (splits may be 1: a plain bounded store);
+//   SMs (SHORT_BM). A short M is run swapped, C^T = B^T A^T (the operands read the other way,
+//   C stored transposed from registers), so that the tile's narrow side is always the short
+//   one. Skinny tiles always end in the split-K epilogue below (splits may be 1: a plain
+//   bounded store);
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
-// - two consumer warpgroups (one in a 64-row tile) each own 64 rows and issue wgmma 64xBNx16 from shared
-//   memory, keeping one wgmma group in flight (release_lag = 1) so the tensor cores do
-//   not drain at every stage;
+// - two consumer warpgroups (one in a 64-row tile) each own 64 rows and issue wgmma 64xBNx16
+//   from shared memory, keeping one wgmma group in flight (release_lag = 1) so the tensor
+//   cores do not drain at every stage;
 // - transposed operands are read as they are: a column-major A or B is loaded as its
 //   row-major transpose and fed to wgmma as an MN-major / K-major operand;
 // - the epilogue converts a consumer's 64 x BN accumulator in 64-column chunks into two
@@ -328,8 +329,8 @@ constexpr int MIN_SKINNY_SPLIT_STEPS = 8;
 // A tile's shares run as one cluster: at most 8 blocks (the portable cluster size).
 constexpr int MAX_SPLITS = 8;
 
-// The kernel a split launch's cluster capacity is asked about: every split kernel has one block
-// per SM (its shared memory), so they all fit the same clusters.
+// The kernel a split launch's cluster capacity is asked about: every split kernel (64-row tiles
+// too) has one block per SM (its shared memory), so they all fit the same clusters.
 using ClusterProbe = Layout<kt::bf16, false, false, false, SKINNY, true>;
 
 // clusters[s]: how many clusters of s blocks (2..MAX_SPLITS) the current device runs at once. A
@@ -399,10 +400,10 @@ TilePlan plan_tiles(const MatmulParams& p) {
             return TilePlan{bn, rows, m_skinny, tiles, splits_that_fit(tiles, wanted)};
         };
         // 64-row tiles where they keep more SMs streaming in one round, over long enough shares.
-        const TilePlan tall = plan(BM), short_ = plan(SHORT_BM);
-        const int64_t tall_blocks = tall.tiles * tall.splits, short_blocks = short_.tiles * short_.splits;
-        const bool long_shares = kt::ceil_div(p.k, BK) / short_.splits >= MIN_SHORT_STEPS;
-        return short_blocks <= sms && short_blocks > tall_blocks && long_shares ? short_ : tall;
+        const TilePlan rows128 = plan(BM), rows64 = plan(SHORT_BM);
+        const int64_t blocks128 = rows128.tiles * rows128.splits, blocks64 = rows64.tiles * rows64.splits;
+        const bool long_shares = kt::ceil_div(p.k, BK) / rows64.splits >= MIN_SHORT_STEPS;
+        return blocks64 <= sms && blocks64 > blocks128 && long_shares ? rows64 : rows128;
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
