@@ -21,11 +21,11 @@ import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
 
 # (batch_a, batch_b, M, N, K); K is a multiple of 8, so A row-major and B column-major are always readable.
 # A side of at most 64 takes skinny tiles (M <= 64 swapped, C stored transposed; at most 16 with
-# a K-major operand, 32 for 17..32: thin tiles). The last five split K over the blocks of a
+# a K-major operand, 32 for 17..32: thin tiles). The last six split K over the blocks of a
 # cluster (split-K: few output tiles, long K): skinny / thin-32 swapped by layout (17 x 264, 8
-# shares: the cap), thin swapped (9 x 264),
-# natural (300 x 16, 4 shares), narrow (2 and several shares). The last takes 64-row tiles (5
-# tiles in 8 shares of 64 steps, where 128-row tiles would be 3 x 8).
+# shares: the cap), thin swapped (9 x 264), natural (300 x 16, 4 shares), narrow (2 and several
+# shares), and 64-row tiles (9 x 264 x 32768: 5 tiles in 8 shares of 64 steps, where 128-row
+# tiles would be 3 x 8).
 SHAPES = [(1, 1, 1, 8, 8), (1, 1, 17, 40, 24), (1, 1, 130, 264, 72), (2, 2, 65, 300, 136),
           (3, 1, 33, 16, 64), (1, 3, 33, 16, 64), (1, 1, 20, 13, 16),
           (1, 1, 17, 264, 6144), (1, 1, 9, 264, 4104), (1, 1, 300, 16, 2048), (2, 2, 65, 300, 8192), (1, 1, 130, 264, 16384),

@@ -1,7 +1,8 @@
 """GPU unit tests of the Hopper layer of the tile core (kittens/hopper/): TMA loads, stores
 and reduce-adds of partial tiles, wgmma against torch, a two-stage TMA pipeline driven by
-mbarrier semaphores, and blocks of a cluster reading each other's shared memory. sm_90 only; the kernels live in tests/core_kernels/hopper_ops.cu and are
-JIT-built like the other core tests (tests/test_core_gpu.py, whose helpers are reused)."""
+mbarrier semaphores, and blocks of a cluster reading each other's shared memory. sm_90 only;
+the kernels live in tests/core_kernels/hopper_ops.cu and are JIT-built like the other core
+tests (tests/test_core_gpu.py, whose helpers are reused)."""
 
 from __future__ import annotations
 

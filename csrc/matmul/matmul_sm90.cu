@@ -365,8 +365,7 @@ ClusterCapacity cluster_capacity() {
 
 // Shares per tile: `wanted`, down to what fits in one round of clusters (every block then has
 // exactly one task, which the split epilogue relies on).
-int splits_that_fit(int64_t tiles, int64_t wanted) {
-    const ClusterCapacity capacity = cluster_capacity();
+int splits_that_fit(int64_t tiles, int64_t wanted, const ClusterCapacity& capacity) {
     int splits = int(std::clamp<int64_t>(wanted, 1, MAX_SPLITS));
     while (splits > 1 && tiles > capacity.clusters[splits]) splits--;
     return splits;
@@ -394,10 +393,11 @@ TilePlan plan_tiles(const MatmulParams& p) {
         const int side = m_skinny ? p.m : p.n;
         const bool k_major = m_skinny ? !p.a.transposed : p.b.transposed;
         const int bn = !k_major ? SKINNY : side <= THIN ? THIN : side <= THIN_32 ? THIN_32 : SKINNY;
+        const ClusterCapacity capacity = cluster_capacity();  // once for both tile heights
         auto plan = [&](int rows) {
             const int64_t tiles = int64_t(kt::ceil_div(m_skinny ? p.n : p.m, rows)) * p.batch;  // one tile column
             const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SKINNY_SPLIT_STEPS);
-            return TilePlan{bn, rows, m_skinny, tiles, splits_that_fit(tiles, wanted)};
+            return TilePlan{bn, rows, m_skinny, tiles, splits_that_fit(tiles, wanted, capacity)};
         };
         // 64-row tiles where they keep more SMs streaming in one round, over long enough shares.
         const TilePlan rows128 = plan(BM), rows64 = plan(SHORT_BM);
@@ -407,8 +407,9 @@ TilePlan plan_tiles(const MatmulParams& p) {
     }
     const int bn = tile_width(p, c_by_tma(p));
     const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
-    const int64_t wanted = bn == NARROW ? std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS) : 1;
-    return {bn, BM, false, tiles, splits_that_fit(tiles, wanted)};
+    if (bn == WIDE) return {bn, BM, false, tiles, 1};  // enough tiles for the SMs: never split
+    const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS);
+    return {bn, BM, false, tiles, splits_that_fit(tiles, wanted, cluster_capacity())};
 }
 
 // The swapped problem: A' = B^T and B' = A^T are the same memory read the other way (each
