@@ -3,7 +3,7 @@
 // load/compute/finish template (kittens/hopper/pipeline.cuh):
 //
 // - one task is a 128 x 256 tile of C (128 x 128 when 128 x 256 tiles would leave SMs idle:
-//   fewer tiles than SMs); a persistent grid walks the tasks in groups of 8 tile-rows so that
+//   fewer tiles than SMs); a persistent grid walks the tasks in groups of 16 tile-rows so that
 //   blocks running together share A rows and B columns in L2;
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
 //   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 or 32 (and a
@@ -64,6 +64,16 @@ constexpr int STAGES = 4;
 // these; 12 thin stages instead of 8 were level or slower (16x4096x14336 39.5 against 37.1 us).
 constexpr int SKINNY_STAGES = 8, THIN_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
+// Task order: tiles go in groups of this many tile-rows, down a group's tile column before the
+// next column, so that the ~132 tiles running at once share few panels of A and B, which L2
+// keeps while they run. A round of R tiles spanning g tile-rows of BM and R / g tile-columns of BN
+// reads g * BM + R / g * BN rows of K: least at g = sqrt(R * BN / BM), 16 for wide tiles on 132
+// SMs. The anchor GEMMs run at the power cap (~690 W, clock below 1.6 GHz), so DRAM traffic saved
+// is clock gained. Measured (session 21, us per call, 8 -> 16): 4096^3 179.5 -> 178.5 (run for 3 s:
+// 1470 -> 1485 MHz), 4096x14336x4096 629 -> 626, 8192^3 1434 -> 1422, 8192x8192x2048 371 -> 366.
+// 12 lost at 4096x14336x4096; 20, 24 and 32 were level with 16 or slower, and so was walking
+// groups of tile-columns instead.
+constexpr int TILE_ROWS_PER_GROUP = 16;
 // Short skinny tiles: 64 rows (one consumer warpgroup) instead of BM, so that a product with few
 // tiles can stream its long operand on more SMs (N = 4096: 64 tiles in 2 shares, 128 blocks,
 // where 32 tiles took 3 shares, 96 blocks: the most clusters of 4 that fit are 30). Their rings
@@ -170,7 +180,6 @@ struct Layout {
     };
 
     __device__ static bool get_task(task& t, int index, const globals& g) {
-        constexpr int GROUP = 8;
         const int per_batch = g.m_tiles * g.n_tiles;
         if constexpr (SPLIT) {  // the shares of a tile are consecutive tasks
             if (index >= per_batch * g.batch * g.splits) return false;
@@ -180,8 +189,9 @@ struct Layout {
         if (index >= per_batch * g.batch) return false;
         t.batch = index / per_batch;
         const int local = index % per_batch;
-        const int first_m = local / (GROUP * g.n_tiles) * GROUP;
-        const int rows = min(GROUP, g.m_tiles - first_m), in_group = local % (GROUP * g.n_tiles);
+        constexpr int G = TILE_ROWS_PER_GROUP;
+        const int first_m = local / (G * g.n_tiles) * G;
+        const int rows = min(G, g.m_tiles - first_m), in_group = local % (G * g.n_tiles);
         t.m_tile = first_m + in_group % rows;
         t.n_tile = in_group / rows;
         return true;
