@@ -141,6 +141,8 @@ if want build && [[ -n $SO && -n $CUOBJDUMP ]]; then
     "$CUOBJDUMP" --dump-sass "$SO" > "$OUT/sass.txt" 2>&1
     # Per kernel and arch: tensor-core, ldmatrix, cp.async, TMA, shared/global instructions.
     "$PY" scripts/kernel_report.py sass "$OUT/sass.txt" > "$OUT/sass_counts.log" 2>&1
+    # Where the spills are: local loads/stores per kernel, and how many in tensor-core loops.
+    "$PY" scripts/kernel_report.py local "$OUT/sass.txt" > "$OUT/sass_local.log" 2>&1
     gzip -f "$OUT/sass.txt"
 fi
 
@@ -188,6 +190,11 @@ if want build; then
         echo "-- WARNING: ptxas serialized wgmma (C7512, too few registers) in $(wc -l < "$OUT/wgmma_serialized.log") kernels (wgmma_serialized.log)"
     fi
     if [[ -s $OUT/sass_counts.log ]]; then echo "-- SASS counts (sass_counts.log):"; cut -c1-260 "$OUT/sass_counts.log" | head -24; fi
+    if [[ -f $OUT/sass_local.log ]]; then
+        echo "-- SASS local memory (sass_local.log): $(grep -c '^local=' "$OUT/sass_local.log") kernels" \
+             "with local loads/stores, $(grep -c -v 'in-hot-loop=0 ' "$OUT/sass_local.log") with some in a tensor-core loop"
+        grep -v 'in-hot-loop=0 ' "$OUT/sass_local.log" | head -10 | cut -c1-200
+    fi
 fi
 if want test && [[ -s $OUT/pytest.log ]]; then
     echo "-- pytest: $(tail -1 "$OUT/pytest.log")"

@@ -2,12 +2,15 @@
 
     python3 scripts/kernel_report.py ptxas build.log     # registers, spills, smem per kernel
     python3 scripts/kernel_report.py sass sass.txt       # instruction census per kernel
+    python3 scripts/kernel_report.py local sass.txt      # where local memory (spills) sits
 
 ptxas mode reads `-Xptxas -v` output (TK_PTXAS_VERBOSE=1); sass mode reads
 `cuobjdump --dump-sass` output and counts the instructions that show whether a kernel uses what
 we think it uses: tensor cores (HMMA = mma.sync, HGMMA = wgmma), ldmatrix (LDSM), cp.async
 (LDGSTS), TMA (UTMALDG/UTMASTG), plain shared/global traffic, MUFU (exp2), barriers. Only kernels
-with at least one of those are listed. Names are demangled with c++filt when it is installed.
+with at least one of those are listed. local mode (same input) lists the kernels with local
+loads/stores and how many sit in their tensor-core loops (sass_loops.py). Names are demangled
+with c++filt when it is installed.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import subprocess
 import sys
 from collections import Counter
 
+import sass_loops
+
 CENSUS = ["HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "LDS", "STS", "LDG", "STG",
-          "MUFU", "SHFL", "BAR", "SYNCS"]
+          "LDL", "STL", "MUFU", "SHFL", "BAR", "SYNCS"]
 
 
 def shorten(name: str) -> str:
@@ -75,13 +80,24 @@ def sass(text: str) -> list[str]:
             for (arch, raw), name in zip(keys, names)]
 
 
+def local(text: str) -> list[str]:
+    rows = sass_loops.report(text)
+    names = demangle([row.name for row in rows])
+    return [f"local={row.total:<4} in-hot-loop={row.hot:<3} "
+            f"({' '.join(f'{role}={n}' for role, n in row.by_role.items() if n)}) {name}"
+            for row, name in zip(rows, names)]
+
+
+MODES = {"ptxas": ptxas, "sass": sass, "local": local}
+
+
 def main() -> int:
-    if len(sys.argv) != 3 or sys.argv[1] not in ("ptxas", "sass"):
+    if len(sys.argv) != 3 or sys.argv[1] not in MODES:
         print(__doc__, file=sys.stderr)
         return 2
     with open(sys.argv[2], errors="replace") as handle:
         text = handle.read()
-    for row in (ptxas if sys.argv[1] == "ptxas" else sass)(text):
+    for row in MODES[sys.argv[1]](text):
         print(row)
     return 0
 
