@@ -2,8 +2,8 @@
 // or fp16 in, fp32 accumulation, C in the input type. Written on the core's
 // load/compute/finish template (kittens/hopper/pipeline.cuh):
 //
-// - one task is a 128 x 256 tile of C (128 x 128 when 128 x 256 tiles would leave SMs idle:
-//   fewer tiles than SMs); a persistent grid walks the tasks in groups of 16 tile-rows so that
+// - one task is a 128 x 256 tile of C (128 x 128 when those too fit in one round on the SMs,
+//   see tile_width); a persistent grid walks the tasks in groups of 16 tile-rows so that
 //   blocks running together share A rows and B columns in L2;
 // - a product with a side of at most 64 (decode-size M, a narrow N) runs on skinny 128 x 64
 //   tiles with an 8-stage ring instead (plan_tiles), or with a side of at most 16 or 32 (and a
@@ -326,11 +326,15 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
 // C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
 bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
 
-// Wide tiles unless they leave SMs idle: with fewer 128 x 256 tiles than SMs, 128 x 128 tiles
-// give twice the blocks (and half the K loop's work per block).
+// Wide tiles unless they leave SMs idle and narrow ones do not: with fewer 128 x 256 tiles than
+// SMs (one round), 128 x 128 tiles halve each block's work only if they too fit in one round.
+// Past that they take two rounds, the same time per SM as one wide round, with a third more
+// reads from L2 per product and twice the epilogues. Measured (session 22, us per call, narrow
+// in two rounds -> wide in one): 2048x2048x8192 96.3 -> 86.9 (cuBLAS 86.1-87.0), 2048^3 26.8 ->
+// 26.6. Many rounds (wide tiles >= SMs) stay wide: there a round is only the tail.
 int tile_width(const MatmulParams& p, bool c_tma) {
-    const int64_t wide_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, WIDE) * p.batch;
-    return c_tma && wide_tiles < p.multiprocessors ? NARROW : WIDE;
+    const int64_t narrow_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
+    return c_tma && narrow_tiles <= p.multiprocessors ? NARROW : WIDE;
 }
 
 // Split-K's fixed cost (writing, exchanging and summing the partials, the cluster barriers)
