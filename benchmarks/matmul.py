@@ -49,6 +49,8 @@ TRANSPOSED_CONFIGS = [Config(4096, 14336, 4096, b_transposed=True)]
 # and a weight-gradient-like product (K = tokens; split-K).
 SKINNY_CONFIGS = [Config(16, 4096, 4096, b_transposed=True), Config(16, 4096, 14336, b_transposed=True),
                   Config(1024, 1024, 8192)]
+# Between the two: 128 wide tiles, one round on 132 SMs (narrow tiles would take two).
+ONE_ROUND_CONFIGS = [Config(2048, 2048, 8192)]
 
 QUICK_CONFIGS = [Config(4096, 4096, 4096), Config(8192, 8192, 8192), Config(8192, 8192, 2048)]
 
@@ -107,7 +109,7 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
         log=print) -> tuple[list[dict], list[str]]:
     """Measure every config; returns (records, implementation names in column order).
     ``kernel`` is accepted for the runner's sake: matmul has one kernel (sm90)."""
-    configs = QUICK_CONFIGS if quick else SQUARE_CONFIGS + ANCHOR_CONFIGS + TRANSPOSED_CONFIGS + SKINNY_CONFIGS
+    configs = QUICK_CONFIGS if quick else SQUARE_CONFIGS + ANCHOR_CONFIGS + TRANSPOSED_CONFIGS + SKINNY_CONFIGS + ONE_ROUND_CONFIGS
     records = []
     for cfg in configs:
         torch.manual_seed(0)
