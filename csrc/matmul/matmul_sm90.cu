@@ -84,6 +84,12 @@ constexpr int SHORT_BM = 64, SHORT_THIN_STAGES = 16, SHORT_SKINNY_STAGES = 12;
 // 18.6 -> 19.0, 8192 (64) 24.4 -> 23.3, 10240 (80) 28.6 -> 27.2, 14336 (112) 37.2 -> 35.4;
 // M = 64 (64-wide tiles), K = 4096 15.4 -> 16.4, 6144 level, 8192 27.7 -> 25.8, 14336 41.4 -> 39.1.
 constexpr int MIN_SHORT_STEPS = 64;
+// The tensor maps' L2 promotion: 128 bytes, a box row of our 128-byte swizzled panels, rather than
+// the 256 of the attention maps. Measured (session 22, us per call, 256 -> 128 -> none, two
+// passes): 16x4096x14336 w.mT 35.0 -> 33.9 -> 34.0 (cuBLAS 33.6-34.2); 16x4096x4096 and
+// 64x4096x4096 w.mT, 1024x1024x1024..8192, 512x512x16384, 2048x2048x8192, 4096^3 and
+// 4096x14336x4096 level (within 0.3%).
+constexpr CUtensorMapL2promotion L2_PROMOTION = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
 // A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
 // cluster's blocks), in register order: float4 f of every lane is at float4 index f * 32 + lane,
@@ -454,11 +460,11 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     const kt::gl<T> a = operand_layout<T>(q.a, q.m, q.k), b = operand_layout<T>(q.b, q.k, q.n);
     const kt::gl<T> c(static_cast<T*>(q.c), q.batch, 1, plan.swapped ? q.n : q.m, plan.swapped ? q.m : q.n);
     CUtensorMap a_map, b_map, c_map{};
-    if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b) != CUDA_SUCCESS)
+    if (kt::tma::cached_tensor_map<typename L::a_tile>(&a_map, a, L2_PROMOTION) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename L::b_tile>(&b_map, b, L2_PROMOTION) != CUDA_SUCCESS)
         return cudaErrorInvalidValue;
     if constexpr (C_TMA && !SPLIT)
-        if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c) != CUDA_SUCCESS) return cudaErrorInvalidValue;
+        if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c, L2_PROMOTION) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
                                 kt::ceil_div(q.m, ROWS), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
                                 plan.splits, kt::ceil_div(q.k, BK), plan.swapped};

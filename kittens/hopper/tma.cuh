@@ -49,8 +49,10 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 // Tensor map for copying ST-shaped tiles (one panel per copy) of `g`. Returns
 // CUDA_ERROR_* from the driver: strides must be multiples of 16 bytes and the base
 // 16-byte aligned (the callers check, with a clear message, before getting here).
+// `promotion`: how much L2 fetches around each request it misses (a performance hint).
 template <typename ST, typename GL>
-CUresult make_tensor_map(CUtensorMap* map, const GL& g) {
+CUresult make_tensor_map(CUtensorMap* map, const GL& g,
+                         CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
     using T = typename ST::dtype;
     static_assert(std::same_as<T, typename GL::dtype>, "make_tensor_map: tile and tensor element types differ");
     static_assert(ST::rows <= 256 && ST::panel_cols <= 256, "make_tensor_map: TMA boxes are at most 256 per dim");
@@ -70,7 +72,7 @@ CUresult make_tensor_map(CUtensorMap* map, const GL& g) {
     const cuuint32_t box[4] = {cuuint32_t(ST::panel_cols), cuuint32_t(ST::rows), 1, 1};
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
     return encode(map, data_type<T>(), 4, static_cast<void*>(g.raw), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode(ST::swizzle_bytes), CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle_mode(ST::swizzle_bytes), promotion,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 

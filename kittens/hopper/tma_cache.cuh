@@ -2,11 +2,11 @@
 //
 // Encoding a map goes through the driver (microseconds), and a training loop calls the same
 // kernels on the same shapes over and over. A map depends only on the values in MapKey (the
-// address, dims, strides, tile box and element type; the element size and the swizzle follow
-// from those), so reusing one for a recycled address is still exact. (The type, not just its
-// size: an fp16 map served for bf16 data would copy the same bits, but reduce-adds with it
-// would add the wrong numbers.) Thread-safe; bounded, since a long-running process sees many
-// addresses.
+// address, dims, strides, tile box, element type and L2 promotion; the element size and the
+// swizzle follow from those), so reusing one for a recycled address is still exact. (The type,
+// not just its size: an fp16 map served for bf16 data would copy the same bits, but reduce-adds
+// with it would add the wrong numbers.) Thread-safe; bounded, since a long-running process sees
+// many addresses.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -21,7 +21,7 @@ namespace detail {
 struct MapKey {
     const void* data;
     int64_t dims[4], strides[3];
-    int box_rows, box_cols, element_type;  // CUtensorMapDataType
+    int box_rows, box_cols, element_type, promotion;  // CUtensorMapDataType, CUtensorMapL2promotion
     bool operator==(const MapKey&) const = default;
 };
 struct MapKeyHash {
@@ -30,15 +30,16 @@ struct MapKeyHash {
         auto mix = [&](int64_t v) { h = h * 1000003u ^ std::hash<int64_t>()(v); };
         for (int64_t v : k.dims) mix(v);
         for (int64_t v : k.strides) mix(v);
-        mix(k.box_rows), mix(k.box_cols), mix(k.element_type);
+        mix(k.box_rows), mix(k.box_cols), mix(k.element_type), mix(k.promotion);
         return h;
     }
 };
 }  // namespace detail
 
-// make_tensor_map<ST>(map, g), served from the cache when the same map was made before.
+// make_tensor_map<ST>(map, g, promotion), served from the cache when the same map was made before.
 template <typename ST, typename GL>
-CUresult cached_tensor_map(CUtensorMap* map, const GL& g) {
+CUresult cached_tensor_map(CUtensorMap* map, const GL& g,
+                           CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
     static std::mutex mutex;
     static std::unordered_map<detail::MapKey, CUtensorMap, detail::MapKeyHash> cache;
     constexpr size_t kMaxEntries = 4096;
@@ -47,13 +48,14 @@ CUresult cached_tensor_map(CUtensorMap* map, const GL& g) {
                              {g.batch_stride, g.head_stride, g.row_stride},
                              ST::rows,
                              ST::panel_cols,
-                             int(data_type<typename ST::dtype>())};
+                             int(data_type<typename ST::dtype>()),
+                             int(promotion)};
     std::lock_guard<std::mutex> lock(mutex);
     if (auto found = cache.find(key); found != cache.end()) {
         *map = found->second;
         return CUDA_SUCCESS;
     }
-    const CUresult r = make_tensor_map<ST>(map, g);
+    const CUresult r = make_tensor_map<ST>(map, g, promotion);
     if (r == CUDA_SUCCESS) {
         if (cache.size() >= kMaxEntries) cache.clear();
         cache.emplace(key, *map);
