@@ -85,10 +85,10 @@ constexpr int SHORT_BM = 64, SHORT_THIN_STAGES = 16, SHORT_SKINNY_STAGES = 12;
 // M = 64 (64-wide tiles), K = 4096 15.4 -> 16.4, 6144 level, 8192 27.7 -> 25.8, 14336 41.4 -> 39.1.
 constexpr int MIN_SHORT_STEPS = 64;
 // The tensor maps' L2 promotion: 128 bytes, a box row of our 128-byte swizzled panels, rather than
-// the 256 of the attention maps. Measured (session 22, us per call, 256 -> 128 -> none, two
-// passes): 16x4096x14336 w.mT 35.0 -> 33.9 -> 34.0 (cuBLAS 33.6-34.2); 16x4096x4096 and
-// 64x4096x4096 w.mT, 1024x1024x1024..8192, 512x512x16384, 2048x2048x8192, 4096^3 and
-// 4096x14336x4096 level (within 0.3%).
+// the 256 of the attention maps. Measured (session 22, us per call, two passes each; 256 -> 128
+// -> none): 16x4096x14336 w.mT 35.0 / 35.0 -> 33.9 / 34.1 -> 34.0 / 34.0 (cuBLAS 33.6-34.2);
+// 16x4096x4096 and 64x4096x4096 w.mT, 1024x1024x1024..8192, 512x512x16384, 2048x2048x8192, 4096^3
+// and 4096x14336x4096 level (within 0.3%).
 constexpr CUtensorMapL2promotion L2_PROMOTION = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
 // A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
