@@ -191,7 +191,7 @@ if want build; then
     fi
     if [[ -s $OUT/sass_counts.log ]]; then echo "-- SASS counts (sass_counts.log):"; cut -c1-260 "$OUT/sass_counts.log" | head -24; fi
     if [[ -f $OUT/sass_local.log ]]; then
-        echo "-- SASS local memory (sass_local.log): $(grep -c '^local=' "$OUT/sass_local.log") kernels" \
+        echo "-- SASS local memory (sass_local.log): $(grep -c ' local=' "$OUT/sass_local.log") kernels" \
              "with local loads/stores, $(grep -c -v 'in-hot-loop=0 ' "$OUT/sass_local.log") with some in a tensor-core loop"
         grep -v 'in-hot-loop=0 ' "$OUT/sass_local.log" | head -10 | cut -c1-200
     fi

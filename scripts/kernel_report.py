@@ -83,7 +83,7 @@ def sass(text: str) -> list[str]:
 def local(text: str) -> list[str]:
     rows = sass_loops.report(text)
     names = demangle([row.name for row in rows])
-    return [f"local={row.total:<4} in-hot-loop={row.hot:<3} "
+    return [f"{row.arch:<7} local={row.total:<4} in-hot-loop={row.hot:<3} "
             f"({' '.join(f'{role}={n}' for role, n in row.by_role.items() if n)}) {name}"
             for row, name in zip(rows, names)]
 

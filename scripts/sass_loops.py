@@ -38,6 +38,7 @@ class Instruction:
 @dataclass
 class Kernel:
     name: str
+    arch: str = "?"  # cuobjdump's "arch = sm_90a" before the kernel's cubin
     instructions: list[Instruction] = field(default_factory=list)
     labels: dict[str, int] = field(default_factory=dict)  # nvdisasm's labels -> address
 
@@ -46,9 +47,12 @@ def parse(text: str) -> list[Kernel]:
     """Kernels of a cuobjdump ("Function : name") or nvdisasm (".text.name:") listing."""
     kernels: list[Kernel] = []
     pending_labels: list[str] = []
+    arch = "?"
     for line in text.splitlines():
-        if match := re.search(r"Function : (\S+)", line) or re.match(r"\.text\.(\S+):", line):
-            kernels.append(Kernel(match.group(1)))
+        if match := re.search(r"arch = (sm_\w+)", line):
+            arch = match.group(1)
+        elif match := re.search(r"Function : (\S+)", line) or re.match(r"\.text\.(\S+):", line):
+            kernels.append(Kernel(match.group(1), arch))
             pending_labels = []
         elif not kernels:
             continue
@@ -177,6 +181,7 @@ class Graph:
 @dataclass
 class LocalTraffic:
     name: str
+    arch: str
     total: int  # LDL/STL instructions in the kernel
     hot: int  # of those, inside the innermost loops that issue tensor-core instructions
     by_role: dict[str, int]  # "producer" / "consumer" / "shared" (reachable from both) / "setup"
@@ -207,7 +212,7 @@ def local_traffic(kernel: Kernel) -> LocalTraffic:
                     "producer" if block in producer else
                     "consumer" if block in consumer else "setup")
             by_role[role] += n
-    return LocalTraffic(kernel.name, count(set(graph.starts), LOCAL_MEMORY),
+    return LocalTraffic(kernel.name, kernel.arch, count(set(graph.starts), LOCAL_MEMORY),
                         count(hot_blocks, LOCAL_MEMORY), by_role, len(hot))
 
 
