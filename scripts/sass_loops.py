@@ -104,9 +104,11 @@ class Graph:
                 leaders.add(i)
         self.starts = sorted(s for s in leaders if s < len(code))
         self.block_of = {}
+        self.ends: dict[int, int] = {}  # block start -> one past its last instruction
         self.successors: dict[int, list[int]] = {}
         for n, start in enumerate(self.starts):
             end = self.starts[n + 1] if n + 1 < len(self.starts) else len(code)
+            self.ends[start] = end
             for i in range(start, end):
                 self.block_of[i] = start
             last, successors = code[end - 1], []
@@ -132,8 +134,7 @@ class Graph:
                 self.predecessors[successor].append(block)
 
     def block_range(self, start: int) -> range:
-        n = self.starts.index(start)
-        return range(start, self.starts[n + 1] if n + 1 < len(self.starts) else len(self.code))
+        return range(start, self.ends[start])
 
     def reachable(self, entry: int) -> set[int]:
         seen, stack = {entry}, [entry]
