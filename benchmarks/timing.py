@@ -13,7 +13,9 @@ round, which biased one column by up to 9% (attention.py times its six one after
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -91,3 +93,44 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], object]], *, rounds: in
     for name in order:
         results[name] = statistics.median(times[name])
     return {name: results[name] for name in fns}
+
+
+def sustained(fns: Mapping[str, Callable[[], object]], *, seconds: float = 3.0, warmup_s: float = 1.0,
+              rounds: int = 2, gpu=None) -> dict[str, list[dict]]:
+    """Each callable run back to back for `seconds` (no sleeps: the GPU never idles), in
+    alternating turns, `rounds` times; per turn the microseconds per call (CUDA events over the
+    whole turn) and, with `gpu` (benchmarks.power.Gpu), the joules per call, the mean power and
+    the median SM clock. This is a training loop's steady state at the power cap, where the
+    interleaved medians above time short bursts after an idle sleep."""
+    from .power import Sampler  # only here: NVML is not needed for the timings above
+
+    turns: dict[str, list[dict]] = {name: [] for name in fns}
+    for round_index in range(rounds):
+        names = list(fns)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            deadline = time.perf_counter() + warmup_s
+            while time.perf_counter() < deadline:
+                fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            sampler = Sampler(gpu) if gpu is not None else contextlib.nullcontext()
+            with sampler:
+                energy = gpu.energy_mj() if gpu is not None else 0
+                start.record()
+                calls, deadline = 0, time.perf_counter() + seconds
+                while time.perf_counter() < deadline:
+                    fn()
+                    calls += 1
+                end.record()
+                torch.cuda.synchronize()
+                energy = gpu.energy_mj() - energy if gpu is not None else 0
+            ms = start.elapsed_time(end)
+            turn = {"us": ms * 1e3 / calls, "calls": calls}
+            if gpu is not None:
+                turn.update(mj=energy / calls, watts=energy / ms,
+                            mhz=statistics.median(sampler.clocks) if sampler.clocks else None,
+                            max_temp_c=max(sampler.temperatures, default=None))
+            turns[name].append(turn)
+    return turns

@@ -332,6 +332,11 @@ kt::gl<T> operand_layout(const Operand& op, int rows, int cols) {
 // C's rows are TMA-addressable: 16-byte multiples, 16-byte aligned.
 bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0; }
 
+// Output tiles of BM rows and `bn` columns, over the batch.
+int64_t output_tiles(const MatmulParams& p, int bn) {
+    return int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
+}
+
 // Wide tiles unless they leave SMs idle and narrow ones do not: with fewer 128 x 256 tiles than
 // SMs (one round), 128 x 128 tiles halve each block's work only if they too fit in one round.
 // Past that they take two rounds, the same time per SM as one wide round, with a third more
@@ -339,8 +344,7 @@ bool c_by_tma(const MatmulParams& p) { return p.n % 8 == 0 && reinterpret_cast<u
 // in two rounds -> wide in one): 2048x2048x8192 96.3 -> 86.9 (cuBLAS 86.1-87.0), 2048^3 26.8 ->
 // 26.6. Many rounds (wide tiles >= SMs) stay wide: there a round is only the tail.
 int tile_width(const MatmulParams& p, bool c_tma) {
-    const int64_t narrow_tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, NARROW) * p.batch;
-    return c_tma && narrow_tiles <= p.multiprocessors ? NARROW : WIDE;
+    return c_tma && output_tiles(p, NARROW) <= p.multiprocessors ? NARROW : WIDE;
 }
 
 // Split-K's fixed cost (writing, exchanging and summing the partials, the cluster barriers)
@@ -437,7 +441,7 @@ TilePlan plan_tiles(const MatmulParams& p) {
         return blocks64 <= sms && blocks64 > blocks128 && long_shares ? rows64 : rows128;
     }
     const int bn = tile_width(p, c_by_tma(p));
-    const int64_t tiles = int64_t(kt::ceil_div(p.m, BM)) * kt::ceil_div(p.n, bn) * p.batch;
+    const int64_t tiles = output_tiles(p, bn);
     if (bn == WIDE) return {bn, BM, false, tiles, 1};  // enough tiles for the SMs: never split
     const int64_t wanted = std::min<int64_t>(sms / tiles, kt::ceil_div(p.k, BK) / MIN_SPLIT_STEPS);
     return {bn, BM, false, tiles, splits_that_fit(tiles, wanted, cluster_capacity())};
