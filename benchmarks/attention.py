@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
 
-from .timing import interleaved_median_ms, median_ms
+from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
 OURS = "tk"
 REFERENCE = "sdpa_flash"  # FlashAttention-2, the ratio column the anchors quote
@@ -179,8 +179,10 @@ def _best_peer(results: dict) -> str | None:
     return max(peers, key=peers.get) if peers else None
 
 
-def _timing_budget(quick: bool) -> dict:
-    return {"measure_ms": 60 if quick else 200, "min_reps": 5 if quick else 10}
+def _timing_budget(quick: bool, head_to_head: bool = False) -> dict:
+    if quick:
+        return {"measure_ms": 60, "min_reps": 5}
+    return {"measure_ms": HEAD_TO_HEAD_MS if head_to_head else 200, "min_reps": 10}
 
 
 def _autograd(pass_name: str) -> contextlib.AbstractContextManager:
@@ -226,7 +228,7 @@ def _head_to_head(results: dict, impls: dict[str, Impl], inputs_of: dict, pass_n
     if "tflops" not in results[OURS] or best_peer is None:
         return
     fns = {name: _in_context(impls[name], pass_name, inputs_of[name], cfg) for name in (OURS, best_peer)}
-    times = interleaved_median_ms(fns, **_timing_budget(quick))
+    times = interleaved_median_ms(fns, **_timing_budget(quick, head_to_head=True))
     for name, ms in times.items():
         if isinstance(ms, Exception):  # ran in the sweep, so not expected; keep the sweep's time
             continue

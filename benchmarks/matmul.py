@@ -15,7 +15,7 @@ import torch
 
 import thunderkittens as tk
 
-from .timing import interleaved_median_ms
+from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms
 
 OURS = "tk"
 REFERENCE = "cublas"
@@ -86,7 +86,7 @@ def _inputs(cfg: Config, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
 def _measure_all(fns: dict[str, Callable[[], torch.Tensor]], cfg: Config, quick: bool) -> dict:
     """tk and cuBLAS timed in alternating rounds (a tk fallback, which strict mode turns into an
     error, is reported, not fatal)."""
-    times = interleaved_median_ms(fns, measure_ms=60 if quick else 200, min_reps=5 if quick else 10)
+    times = interleaved_median_ms(fns, measure_ms=60 if quick else HEAD_TO_HEAD_MS, min_reps=5 if quick else 10)
     results = {}
     for name, ms in times.items():
         if isinstance(ms, Exception):

@@ -25,6 +25,15 @@ import torch
 SLEEP_CYCLES_PER_REP = 2_000_000  # ~1 ms at ~2 GHz
 MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 
+# The timed milliseconds per callable of a head-to-head (interleaved_median_ms), a quarter per
+# round. Turns are capped at max_reps / rounds = 25 calls, so this changes only calls longer than
+# 2 ms, which 200 ms gave as few as 3 calls per turn, each turn right after its idle sleep, when
+# the clock has not yet settled at the power cap. Measured (session 23, tk / cuDNN attention,
+# three head-to-heads each, 200 ms -> 800 ms): b8 h16 n6144 d128 forward 0.986-1.072 ->
+# 1.042-1.067, b4 n12288 forward 1.004-1.053 -> 1.026-1.029; one after the other (median_ms,
+# 200 ms each) 1.032-1.042 and 1.030-1.037; back to back for 3 s (scripts/sustained.py) 1.032.
+HEAD_TO_HEAD_MS = 800.0
+
 
 def _estimate_ms(fn: Callable[[], object]) -> float:
     """Milliseconds per call from three timed calls after one untimed (which may compile)."""
