@@ -1,4 +1,4 @@
-"""The GPU's energy counter, SM clock, power and temperature, read through NVML (ctypes: no
+"""The GPU's energy counter, SM clock and temperature, read through NVML (ctypes: no
 Python package needed). At the H200's 690 W cap a kernel's speed is its energy per call: two
 kernels that draw the cap run at whatever clock their energy per cycle allows, so comparing
 joules per call says which one the power limit favours and by how much.

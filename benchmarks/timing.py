@@ -108,8 +108,8 @@ def sustained(fns: Mapping[str, Callable[[], object]], *, seconds: float = 3.0, 
               rounds: int = 2, gpu=None) -> dict[str, list[dict]]:
     """Each callable run back to back for `seconds` (no sleeps: the GPU never idles), in
     alternating turns, `rounds` times; per turn the microseconds per call (CUDA events over the
-    whole turn) and, with `gpu` (benchmarks.power.Gpu), the joules per call, the mean power and
-    the median SM clock. This is a training loop's steady state at the power cap, where the
+    whole turn) and, with `gpu` (benchmarks.power.Gpu), the millijoules per call, the mean power
+    and the median SM clock. This is a training loop's steady state at the power cap, where the
     interleaved medians above time short bursts after an idle sleep."""
     from .power import Sampler  # only here: NVML is not needed for the timings above
 

@@ -1,0 +1,55 @@
+"""benchmarks/power.py (NVML through ctypes) and timing.sustained: the readings scripts/sustained.py
+reports."""
+
+import ctypes
+
+import pytest
+import torch
+
+from benchmarks.power import Gpu, Sampler
+from benchmarks.timing import sustained
+
+
+def nvml_loadable() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_no_gpu_means_no_readings():
+    assert Gpu.open() is None
+
+
+@pytest.mark.gpu
+def test_energy_counter_grows_with_work():
+    if not nvml_loadable():
+        pytest.skip("no libnvidia-ml.so.1")
+    gpu = Gpu.open()
+    assert gpu is not None, "NVML loads but the current device was not found by its PCI bus id"
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    before = gpu.energy_mj()
+    with Sampler(gpu, interval_s=0.01) as sampler:
+        for _ in range(300):  # a few hundred ms of tensor work
+            a @ a
+        torch.cuda.synchronize()
+    used = gpu.energy_mj() - before
+    assert used > 0
+    assert sampler.clocks and all(100 <= mhz <= 5000 for mhz in sampler.clocks)
+    assert sampler.temperatures and all(0 < c < 120 for c in sampler.temperatures)
+
+
+@pytest.mark.gpu
+def test_sustained_reports_every_turn():
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    fns = {"small": lambda: a @ a, "large": lambda: (a @ a) @ a}
+    turns = sustained(fns, seconds=0.2, warmup_s=0.05, rounds=2, gpu=Gpu.open())
+    assert set(turns) == {"small", "large"}
+    for rows in turns.values():
+        assert len(rows) == 2
+        assert all(row["calls"] > 0 and row["us"] > 0 for row in rows)
+    # Two products take longer than one: the per-call times are of the right callable.
+    assert min(r["us"] for r in turns["large"]) > max(r["us"] for r in turns["small"])
