@@ -62,6 +62,12 @@ def _timed_reps(fn: Callable[[], object], reps: int) -> list[float]:
     return [before.elapsed_time(after) for before, after in events]
 
 
+def _turn_order(names: list[str], round_index: int) -> list[str]:
+    """The names rotated by the round's index, so that each goes first in turn."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
 def median_ms(fn: Callable[[], object], *, warmup_ms: float = 25.0, measure_ms: float = 200.0,
               min_reps: int = 10, max_reps: int = 100) -> float:
     """Median milliseconds of GPU time per call of ``fn`` (on the current stream)."""
@@ -92,8 +98,7 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], object]], *, rounds: in
     times: dict[str, list[float]] = {name: [] for name in estimates}
     order = list(estimates)
     for round_index in range(rounds):
-        shift = round_index % len(order) if order else 0
-        for name in order[shift:] + order[:shift]:
+        for name in _turn_order(order, round_index):
             fn, estimate = fns[name], estimates[name]
             for _ in range(max(1, int(warmup_ms / rounds / estimate))):
                 fn()
@@ -115,9 +120,7 @@ def sustained(fns: Mapping[str, Callable[[], object]], *, seconds: float = 3.0, 
 
     turns: dict[str, list[dict]] = {name: [] for name in fns}
     for round_index in range(rounds):
-        names = list(fns)
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in _turn_order(list(fns), round_index):
             fn = fns[name]
             deadline = time.perf_counter() + warmup_s
             while time.perf_counter() < deadline:

@@ -218,5 +218,7 @@ def local_traffic(kernel: Kernel) -> LocalTraffic:
 
 
 def report(text: str) -> list[LocalTraffic]:
-    """Local-memory traffic of every kernel in a listing that has any."""
-    return [traffic for traffic in map(local_traffic, parse(text)) if traffic.total]
+    """Local-memory traffic of every kernel in a listing that has any (the control flow is built
+    only for those)."""
+    return [local_traffic(kernel) for kernel in parse(text)
+            if any(ins.base in LOCAL_MEMORY for ins in kernel.instructions)]

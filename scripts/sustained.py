@@ -82,12 +82,14 @@ def report(name: str, turns: dict):
                 extra = (f"  {row['mj']:9.2f} mJ/call  {row['watts']:5.0f} W  {row['mhz']:5.0f} MHz"
                          f"  {row['max_temp_c']} C")
             print(f"{name}: {impl:6s} turn {i}: {row['us']:10.1f} us/call ({row['calls']} calls){extra}", flush=True)
-    ours, peer = (statistics.median(r["us"] for r in rows) for rows in turns.values())
-    line = f"{name}: time peer/tk {peer / ours:.3f}"
-    rows_ours, rows_peer = turns.values()
-    if "mj" in rows_ours[0]:
-        energy_ours, energy_peer = (statistics.median(r["mj"] for r in rows) for rows in (rows_ours, rows_peer))
-        line += f"  energy peer/tk {energy_peer / energy_ours:.3f}"
+    ours, peer = turns.values()
+
+    def ratio(key: str) -> float:
+        return statistics.median(r[key] for r in peer) / statistics.median(r[key] for r in ours)
+
+    line = f"{name}: time peer/tk {ratio('us'):.3f}"
+    if "mj" in ours[0]:
+        line += f"  energy peer/tk {ratio('mj'):.3f}"
     print(line, flush=True)
 
 

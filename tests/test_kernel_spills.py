@@ -32,13 +32,13 @@ def find_cuobjdump():
     return candidate if os.access(candidate, os.X_OK) else None
 
 
-def is_forced_only(kernel: sass_loops.Kernel) -> bool:
+def is_forced_only(traffic: sass_loops.LocalTraffic) -> bool:
     """The mma.sync forward (mangled `14forward_kernelI`, not `19forward_kernel_sm90I`) on sm_90a."""
-    return kernel.arch.startswith("sm_90") and "14forward_kernelI" in kernel.name
+    return traffic.arch.startswith("sm_90") and "14forward_kernelI" in traffic.name
 
 
 @pytest.fixture(scope="module")
-def kernels():
+def sass():
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump (CUDA toolkit) not found")
@@ -46,22 +46,17 @@ def kernels():
         from thunderkittens import _C
     except ImportError as error:
         pytest.skip(f"thunderkittens._C not built: {error}")
-    sass = subprocess.run([cuobjdump, "--dump-sass", _C.__file__], capture_output=True, text=True,
+    return subprocess.run([cuobjdump, "--dump-sass", _C.__file__], capture_output=True, text=True,
                           check=True).stdout
-    return sass_loops.parse(sass)
 
 
-def test_the_extension_has_tensor_core_kernels(kernels):
+def test_the_extension_has_tensor_core_kernels(sass):
     # Guards the check below against reading nothing (an empty or unparsed listing).
+    kernels = sass_loops.parse(sass)
     assert any(ins.base in sass_loops.TENSOR_CORE for kernel in kernels for ins in kernel.instructions)
 
 
-def test_no_local_memory_in_tensor_core_loops(kernels):
-    offenders = []
-    for kernel in kernels:
-        if is_forced_only(kernel) or not any(ins.base in sass_loops.LOCAL_MEMORY for ins in kernel.instructions):
-            continue
-        traffic = sass_loops.local_traffic(kernel)
-        if traffic.hot:
-            offenders.append(f"{kernel.arch} {kernel.name}: {traffic.hot} of {traffic.total} local loads/stores")
+def test_no_local_memory_in_tensor_core_loops(sass):
+    offenders = [f"{traffic.arch} {traffic.name}: {traffic.hot} of {traffic.total} local loads/stores"
+                 for traffic in sass_loops.report(sass) if traffic.hot and not is_forced_only(traffic)]
     assert not offenders, "local memory in tensor-core loops:\n" + "\n".join(offenders)
