@@ -49,10 +49,11 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 // Tensor map for copying ST-shaped tiles (one panel per copy) of `g`. Returns
 // CUDA_ERROR_* from the driver: strides must be multiples of 16 bytes and the base
 // 16-byte aligned (the callers check, with a clear message, before getting here).
-// `promotion`: how much L2 fetches around each request it misses (a performance hint).
+// `promotion`: how much L2 fetches around each request it misses (a performance hint); the
+// default is the attention maps' (matmul asks for 128 bytes).
+constexpr CUtensorMapL2promotion DEFAULT_L2_PROMOTION = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 template <typename ST, typename GL>
-CUresult make_tensor_map(CUtensorMap* map, const GL& g,
-                         CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+CUresult make_tensor_map(CUtensorMap* map, const GL& g, CUtensorMapL2promotion promotion = DEFAULT_L2_PROMOTION) {
     using T = typename ST::dtype;
     static_assert(std::same_as<T, typename GL::dtype>, "make_tensor_map: tile and tensor element types differ");
     static_assert(ST::rows <= 256 && ST::panel_cols <= 256, "make_tensor_map: TMA boxes are at most 256 per dim");

@@ -38,8 +38,7 @@ struct MapKeyHash {
 
 // make_tensor_map<ST>(map, g, promotion), served from the cache when the same map was made before.
 template <typename ST, typename GL>
-CUresult cached_tensor_map(CUtensorMap* map, const GL& g,
-                           CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+CUresult cached_tensor_map(CUtensorMap* map, const GL& g, CUtensorMapL2promotion promotion = DEFAULT_L2_PROMOTION) {
     static std::mutex mutex;
     static std::unordered_map<detail::MapKey, CUtensorMap, detail::MapKeyHash> cache;
     constexpr size_t kMaxEntries = 4096;
