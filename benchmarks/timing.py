@@ -32,6 +32,8 @@ MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 # three head-to-heads each, 200 ms -> 800 ms): b8 h16 n6144 d128 forward 0.986-1.072 ->
 # 1.042-1.067, b4 n12288 forward 1.004-1.053 -> 1.026-1.029; one after the other (median_ms,
 # 200 ms each) 1.032-1.042 and 1.030-1.037; back to back for 3 s (scripts/sustained.py) 1.032.
+# It narrows the spread, not removes it: a later benchmark run read that forward at 0.966 (cuDNN's
+# head-to-head times moved 3.68-4.02 ms over six such measurements, ours 3.75-3.81).
 HEAD_TO_HEAD_MS = 800.0
 
 
