@@ -36,6 +36,16 @@ MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 # head-to-head times moved 3.68-4.02 ms over six such measurements, ours 3.75-3.81).
 HEAD_TO_HEAD_MS = 800.0
 
+# Head-to-head turns of calls at least this long run at steady state: STEADY_WARMUP_MS back to back
+# first, then the timed reps back to back, with no idle sleep (such a call never waits for the
+# CPU). After the sleep, a turn of at most 25 such calls ran mostly while the clock was still
+# settling at the power cap, and the ratio moved with that: measured (session 24, one process,
+# b8 h16 n6144 d128 forward tk / cuDNN, 800 ms each) 1.098 and 1.026 after the sleep, 1.033 and
+# 1.033 at steady state; b4 n12288 1.036, 1.030 against 1.036, 1.038. Steady state is where a
+# training loop runs (scripts/sustained.py measures it for seconds).
+STEADY_FROM_MS = 2.0
+STEADY_WARMUP_MS = 300.0
+
 
 def _estimate_ms(fn: Callable[[], object]) -> float:
     """Milliseconds per call from three timed calls after one untimed (which may compile)."""
@@ -50,12 +60,14 @@ def _estimate_ms(fn: Callable[[], object]) -> float:
     return max(start.elapsed_time(end) / 3, 1e-3)
 
 
-def _timed_reps(fn: Callable[[], object], reps: int) -> list[float]:
-    """Milliseconds of each of `reps` calls, queued behind a GPU sleep (see the module doc)."""
+def _timed_reps(fn: Callable[[], object], reps: int, *, sleep: bool = True) -> list[float]:
+    """Milliseconds of each of `reps` calls, queued behind a GPU sleep (see the module doc), or
+    without it (sleep=False: right behind whatever the GPU is running)."""
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
-    torch.cuda.synchronize()
-    torch.cuda._sleep(min(MAX_SLEEP_CYCLES, SLEEP_CYCLES_PER_REP * reps))
+    if sleep:
+        torch.cuda.synchronize()
+        torch.cuda._sleep(min(MAX_SLEEP_CYCLES, SLEEP_CYCLES_PER_REP * reps))
     for before, after in events:
         before.record()
         fn()
@@ -85,8 +97,9 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], object]], *, rounds: in
                           max_reps: int = 100) -> dict[str, float | Exception]:
     """Median milliseconds per call of each callable, timed in `rounds` alternating rounds
     (each callable gets about measure_ms / rounds per round, a short warm-up before each of its
-    turns, and its median is over the reps of all rounds). A callable that raises is reported
-    as that exception and left out of the rounds."""
+    turns, and its median is over the reps of all rounds). Calls of STEADY_FROM_MS or more are
+    timed at steady state (see there). A callable that raises is reported as that exception and
+    left out of the rounds."""
     results: dict[str, float | Exception] = {}
     estimates: dict[str, float] = {}
     for name, fn in fns.items():
@@ -102,10 +115,12 @@ def interleaved_median_ms(fns: Mapping[str, Callable[[], object]], *, rounds: in
     for round_index in range(rounds):
         for name in _turn_order(order, round_index):
             fn, estimate = fns[name], estimates[name]
-            for _ in range(max(1, int(warmup_ms / rounds / estimate))):
+            steady = estimate >= STEADY_FROM_MS
+            turn_warmup_ms = STEADY_WARMUP_MS if steady else warmup_ms / rounds
+            for _ in range(max(1, int(turn_warmup_ms / estimate))):
                 fn()
             reps = max(-(-min_reps // rounds), min(max_reps // rounds, int(measure_ms / rounds / estimate)))
-            times[name] += _timed_reps(fn, reps)
+            times[name] += _timed_reps(fn, reps, sleep=not steady)
     for name in order:
         results[name] = statistics.median(times[name])
     return {name: results[name] for name in fns}
