@@ -15,13 +15,12 @@
 //   bounded store);
 // - a producer thread streams 64-deep K slices of A and B through a 4-stage TMA ring;
 //   out-of-range rows/cols arrive as zeros, so any M, N, K works without padding;
-// - two consumer warpgroups (one in a 64-row tile) issue wgmma from shared memory, keeping one
-//   wgmma group in flight (release_lag = 1) so the tensor cores do not drain at every stage.
-//   In a wide tile each takes a 128-column half of all 128 rows (two m64n128k16 per k16 that
-//   share its half of B), in the others 64 rows of all BN columns (one m64nBNk16);
+// - two consumer warpgroups (one in a 64-row tile) each own 64 rows and issue wgmma 64xBNx16
+//   from shared memory, keeping one wgmma group in flight (release_lag = 1) so the tensor
+//   cores do not drain at every stage;
 // - transposed operands are read as they are: a column-major A or B is loaded as its
 //   row-major transpose and fed to wgmma as an MN-major / K-major operand;
-// - the epilogue converts a consumer's accumulators in 64 x 64 chunks into two
+// - the epilogue converts a consumer's 64 x BN accumulator in 64-column chunks into two
 //   alternating shared buffers and writes them with TMA stores, which clip at the matrix
 //   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
 //   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
@@ -186,22 +185,9 @@ struct Layout {
     // per-stage load: one thread issues every stage, and in a decode-size product that thread's
     // time per stage sets the pace (see load).
     __device__ static int share_start(int split, const globals& g) { return int(int64_t(split) * g.k_steps / g.splits); }
-    // A consumer warpgroup's share of the tile. Wide tiles: warpgroup c takes columns [128 c,
-    // 128 c + 128) of all 128 rows, as two 64-row blocks, two m64n128k16 per k16 that share its
-    // half of B (wgmma's paired forms). Measured against each warpgroup taking 64 rows x 256
-    // (one m64n256k16), back to back at the power cap for 2 s, two rounds (session 24, us per
-    // call, cuBLAS/tk): 4096x14336x4096 725.4 / 727.4 -> 722.8 / 722.7 (0.991 / 0.992 -> 0.998 /
-    // 0.996), 4096^3 level (0.991 / 0.990 -> 0.989 / 0.990); issuing one block's product after
-    // the other's instead of k-step by k-step did not gain (0.991 / 0.988, 0.987 / 0.985).
-    // Other tiles: warpgroup c takes rows [64 c, 64 c + 64) of all BN columns.
-    static constexpr int row_blocks = BN == WIDE ? 2 : 1, warpgroup_cols = BN / row_blocks;
     struct registers {
-        kt::rt_fl<16, warpgroup_cols> acc[row_blocks];  // block h: this warp's 16 rows of its 64
+        kt::rt_fl<16, BN> acc;  // this warp's 16 rows of its warpgroup's 64
     };
-    // Where a consumer's block h starts in the tile: its first row (in 64s) and column (in
-    // units of warpgroup_cols).
-    __device__ static int block_row64(int consumer, int h) { return row_blocks == 2 ? h : consumer; }
-    __device__ static int block_col(int consumer) { return row_blocks == 2 ? consumer : 0; }
 
     __device__ static bool get_task(task& t, int index, const globals& g) {
         const int per_batch = g.m_tiles * g.n_tiles;
@@ -241,31 +227,17 @@ struct Layout {
 
     __device__ static void setup(registers&, const task&) {}  // the first k-step overwrites acc
 
-    // A's 64 rows from row 64 block on, B's columns of a warpgroup's share.
-    __device__ static auto a_rows(a_tile& a, int block) {
-        if constexpr (A_T) return kt::subtile<BK, 64>(a, 0, block);
-        else return kt::subtile<64, BK>(a, block, 0);
-    }
-    __device__ static auto b_cols(b_tile& b, int consumer) {
-        if constexpr (B_T) return kt::subtile<warpgroup_cols, BK>(b, block_col(consumer), 0);
-        else return kt::subtile<BK, warpgroup_cols>(b, 0, block_col(consumer));
-    }
     __device__ static void compute(registers& r, inputs& in, const task&, int it, int consumer) {
         const bool accumulate = it > 0;
         kt::wgmma::fence();
-        if constexpr (row_blocks == 2) {
-            const auto a0 = a_rows(in.a, 0), a1 = a_rows(in.a, 1);
-            const auto b = b_cols(in.b, consumer);
-            if constexpr (A_T && B_T) kt::wgmma::mma_AtBt(r.acc[0], r.acc[1], a0, a1, b, accumulate);
-            else if constexpr (A_T) kt::wgmma::mma_AtB(r.acc[0], r.acc[1], a0, a1, b, accumulate);
-            else if constexpr (B_T) kt::wgmma::mma_ABt(r.acc[0], r.acc[1], a0, a1, b, accumulate);
-            else kt::wgmma::mma_AB(r.acc[0], r.acc[1], a0, a1, b, accumulate);
+        if constexpr (A_T) {
+            const auto a = kt::subtile<BK, 64>(in.a, 0, consumer);
+            if constexpr (B_T) kt::wgmma::mma_AtBt(r.acc, a, in.b, accumulate);
+            else kt::wgmma::mma_AtB(r.acc, a, in.b, accumulate);
         } else {
-            const auto a = a_rows(in.a, consumer);
-            if constexpr (A_T && B_T) kt::wgmma::mma_AtBt(r.acc[0], a, in.b, accumulate);
-            else if constexpr (A_T) kt::wgmma::mma_AtB(r.acc[0], a, in.b, accumulate);
-            else if constexpr (B_T) kt::wgmma::mma_ABt(r.acc[0], a, in.b, accumulate);
-            else kt::wgmma::mma_AB(r.acc[0], a, in.b, accumulate);
+            const auto a = kt::subtile<64, BK>(in.a, consumer, 0);
+            if constexpr (B_T) kt::wgmma::mma_ABt(r.acc, a, in.b, accumulate);
+            else kt::wgmma::mma_AB(r.acc, a, in.b, accumulate);
         }
         kt::wgmma::commit();
         kt::wgmma::wait<1>();  // the previous stage's reads are now done
@@ -276,33 +248,27 @@ struct Layout {
         if constexpr (SPLIT) {
             finish_split(r, out, t, g, consumer);
         } else if constexpr (C_TMA) {
-            const int barrier = 1 + consumer;  // named barrier of this warpgroup
+            const int row_tile = t.m_tile * (ROWS / 64) + consumer;  // in 64-row units
+            const int barrier = 1 + consumer;                      // named barrier of this warpgroup
             const bool issuer = kt::warpgroup::thread() == 0;
-            constexpr int chunks = warpgroup_cols / EPILOGUE_COLS;  // per block
 #pragma unroll
-            for (int q = 0; q < row_blocks * chunks; q++) {
-                const int h = q / chunks, chunk = q % chunks;
+            for (int q = 0; q < BN / EPILOGUE_COLS; q++) {
                 c_tile& buffer = out.c[consumer][q % 2];
                 if (issuer) kt::tma::store_wait_read<1>();  // the store that last used this buffer has read it
                 kt::warpgroup::sync(barrier);
                 kt::rt<T, 16, EPILOGUE_COLS> part;
-                kt::slice_cols(part, r.acc[h], chunk * EPILOGUE_COLS);
+                kt::slice_cols(part, r.acc, q * EPILOGUE_COLS);
                 kt::store(kt::subtile<16, EPILOGUE_COLS>(buffer, kt::warpgroup::warp(), 0), part);
                 kt::fence_async_proxy();
                 kt::warpgroup::sync(barrier);
                 if (issuer) {
-                    const int row64 = t.m_tile * (ROWS / 64) + block_row64(consumer, h);
-                    const int col64 = (t.n_tile * row_blocks + block_col(consumer)) * chunks + chunk;
-                    kt::tma::store_async(&g.c_map, buffer, kt::coord{t.batch, 0, row64, col64});
+                    kt::tma::store_async(&g.c_map, buffer,
+                                         kt::coord{t.batch, 0, row_tile, t.n_tile * (BN / EPILOGUE_COLS) + q});
                     kt::tma::store_commit();
                 }
             }
         } else {
-#pragma unroll
-            for (int h = 0; h < row_blocks; h++) {
-                const int row16 = (t.m_tile * ROWS + block_row64(consumer, h) * 64) / 16 + kt::warpgroup::warp();
-                kt::store(g.c, r.acc[h], kt::coord{t.batch, 0, row16, t.n_tile * row_blocks + block_col(consumer)});
-            }
+            kt::store(g.c, r.acc, kt::coord{t.batch, 0, (t.m_tile * ROWS + consumer * 64) / 16 + kt::warpgroup::warp(), t.n_tile});
         }
     }
     // Split-K (see the top). A split launch gives every block exactly one task (tiles x splits
@@ -322,13 +288,13 @@ struct Layout {
             // kernels' task loops compile (SASS compared with and without).
             const int blocks = skinny ? ((transposed ? g.c.rows() : g.c.cols()) + 15) / 16 : BN / 16;
             float* const slice = out.partials[slot];
-            store_slice(slice, r.acc[0], blocks);
+            store_slice(slice, r.acc, blocks);
             kt::cluster::sync();  // every share's partials are in its block's shared memory
             // Slices are summed by the blocks in turn, so a cluster of S sums S of them at once.
             const bool sums = slot % g.splits == t.split;
             if (sums) {
-                load_slice<false>(r.acc[0], slice, 0, blocks);
-                for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc[0], slice, split, blocks);
+                load_slice<false>(r.acc, slice, 0, blocks);
+                for (int split = 1; split < g.splits; split++) load_slice<true>(r.acc, slice, split, blocks);
             }
             // No block may exit while another reads its shared memory (the store runs meanwhile).
             kt::cluster::arrive();
@@ -341,8 +307,8 @@ struct Layout {
     // A warp's 16 finished rows of C (of C^T when transposed), bounds-checked, from registers.
     __device__ static void store_rows(const registers& r, const task& t, const globals& g, int row16, bool transposed) {
         const kt::coord at{t.batch, 0, row16, t.n_tile};
-        if (transposed) kt::store_transposed(g.c, r.acc[0], at);
-        else kt::store(g.c, r.acc[0], at);
+        if (transposed) kt::store_transposed(g.c, r.acc, at);
+        else kt::store(g.c, r.acc, at);
     }
     __device__ static void cleanup(outputs&, int) {
         if constexpr (C_TMA && !SPLIT)

@@ -260,30 +260,6 @@ __device__ __forceinline__ void mma_k_steps(D& d, const A& a, const SB& b, bool 
     }
 }
 
-// Two products that share b, both with A from shared memory: per k-step a0's instruction, then
-// a1's with the same b slice.
-template <int TRANS_A, int TRANS_B, register_tile D, typename A, typename SB>
-__device__ __forceinline__ void mma_k_steps_pair(D& d0, D& d1, const A& a0, const A& a1, const SB& b, bool accumulate) {
-    static_assert(shared_tile<A>, "wgmma: the paired products read a from shared memory");
-    static_assert(!TRANS_A || A::cols == 64, "wgmma: a transposed shared a has the warpgroup's 64 rows as columns");
-    static_assert(TRANS_A || A::rows == 64, "wgmma: shared a has the warpgroup's 64 rows");
-    using T = typename A::dtype;
-    auto& regs0 = accumulator_registers(d0);
-    auto& regs1 = accumulator_registers(d1);
-    constexpr int k_extent = TRANS_A ? A::rows : A::cols;
-    const uint64_t b0 = TRANS_B ? descriptor_mn_major(b) : descriptor_k_major(b);
-    const uint64_t a0_0 = TRANS_A ? descriptor_mn_major(a0) : descriptor_k_major(a0);
-    const uint64_t a1_0 = TRANS_A ? descriptor_mn_major(a1) : descriptor_k_major(a1);
-#pragma unroll
-    for (int k = 0; k < k_extent / TILE_DIM; k++) {
-        const uint64_t b_k = layout_math::wgmma_descriptor_advance(b0, k_step<TRANS_B, SB>(k));
-        const uint32_t a_step = k_step<TRANS_A, A>(k);
-        const int add = (accumulate || k > 0) ? 1 : 0;
-        mma_step<T, TRANS_A, TRANS_B, D::cols>(regs0, layout_math::wgmma_descriptor_advance(a0_0, a_step), b_k, add);
-        mma_step<T, TRANS_A, TRANS_B, D::cols>(regs1, layout_math::wgmma_descriptor_advance(a1_0, a_step), b_k, add);
-    }
-}
-
 template <typename A, typename SB>
 constexpr void check_operand_types() {
     static_assert(half_precision<typename SB::dtype> && std::same_as<typename SB::dtype, typename A::dtype>,
@@ -324,37 +300,6 @@ __device__ __forceinline__ void mma_AtB(D& d, const SA& a, const SB& b, bool acc
     static_assert(shared_tile<SA>, "wgmma::mma_AtB: a transposed a lives in shared memory");
     static_assert(SB::cols == D::cols && SA::rows == SB::rows, "wgmma::mma_AtB: shapes (K x 64)(K x N)");
     detail::mma_k_steps<1, 1>(d, a, b, accumulate);
-}
-
-// Paired forms: two warpgroup products that share b, d0 (+)= a0 * op(b) and d1 (+)= a1 * op(b),
-// a0 and a1 64-row operands in shared memory (e.g. the two halves of a 128-row tile). They are
-// issued k-step by k-step, a0's then a1's instruction on the same b slice, rather than one
-// product after the other. (A 128 x 256 matmul tile as two such pairs of m64n128k16 per
-// warpgroup ran ~0.5% faster at the power cap than as one m64n256k16 per warpgroup, and issued
-// one product after the other it did not: benchmarks/NOTES.md, session 24.)
-template <register_tile D, typename A, typename SB>
-__device__ __forceinline__ void mma_ABt(D& d0, D& d1, const A& a0, const A& a1, const SB& b, bool accumulate) {
-    detail::check_operand_types<A, SB>();
-    static_assert(SB::rows == D::cols && A::cols == SB::cols, "wgmma::mma_ABt: shapes (64 x K)(N x K)");
-    detail::mma_k_steps_pair<0, 0>(d0, d1, a0, a1, b, accumulate);
-}
-template <register_tile D, typename A, typename SB>
-__device__ __forceinline__ void mma_AB(D& d0, D& d1, const A& a0, const A& a1, const SB& b, bool accumulate) {
-    detail::check_operand_types<A, SB>();
-    static_assert(SB::cols == D::cols && A::cols == SB::rows, "wgmma::mma_AB: shapes (64 x K)(K x N)");
-    detail::mma_k_steps_pair<0, 1>(d0, d1, a0, a1, b, accumulate);
-}
-template <register_tile D, typename SA, typename SB>
-__device__ __forceinline__ void mma_AtBt(D& d0, D& d1, const SA& a0, const SA& a1, const SB& b, bool accumulate) {
-    detail::check_operand_types<SA, SB>();
-    static_assert(SB::rows == D::cols && SA::rows == SB::cols, "wgmma::mma_AtBt: shapes (K x 64)(N x K)");
-    detail::mma_k_steps_pair<1, 0>(d0, d1, a0, a1, b, accumulate);
-}
-template <register_tile D, typename SA, typename SB>
-__device__ __forceinline__ void mma_AtB(D& d0, D& d1, const SA& a0, const SA& a1, const SB& b, bool accumulate) {
-    detail::check_operand_types<SA, SB>();
-    static_assert(SB::cols == D::cols && SA::rows == SB::rows, "wgmma::mma_AtB: shapes (K x 64)(K x N)");
-    detail::mma_k_steps_pair<1, 1>(d0, d1, a0, a1, b, accumulate);
 }
 
 }  // namespace kittens::wgmma

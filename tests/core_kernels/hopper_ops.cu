@@ -55,17 +55,13 @@ void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_a
 // d (64 x N) = a (64 x K) * op(b) [+ c], one warpgroup, operands staged by the (tested)
 // group copies so only wgmma is under test. variant bit 0: b is K x N row-major (mma_AB)
 // instead of N x K (mma_ABt); bit 1: a comes from registers (each warp's 16 rows); bit 2:
-// a is given transposed, K x 64 row-major in shared memory (mma_AtB / mma_AtBt); bit 3: a has
-// 128 rows, its two 64-row blocks multiplied by the one b in a paired call (d is 128 x N).
+// a is given transposed, K x 64 row-major in shared memory (mma_AtB / mma_AtBt).
 template <typename T, int N, int K, int VARIANT>
 __device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<float>& c, const gl<float>& d,
                            bool accumulate) {
-    constexpr bool b_row_major = VARIANT & 1, a_in_registers = VARIANT & 2, a_transposed = VARIANT & 4,
-                   paired = VARIANT & 8;
+    constexpr bool b_row_major = VARIANT & 1, a_in_registers = VARIANT & 2, a_transposed = VARIANT & 4;
     static_assert(!(a_in_registers && a_transposed), "wgmma: a register a is never transposed");
-    static_assert(!(a_in_registers && paired), "wgmma: the paired forms read a from shared memory");
-    constexpr int M = paired ? 128 : 64;
-    using SA = std::conditional_t<a_transposed, st<T, K, M>, st<T, M, K>>;
+    using SA = std::conditional_t<a_transposed, st<T, K, 64>, st<T, 64, K>>;
     using SB = std::conditional_t<b_row_major, st<T, K, N>, st<T, N, K>>;
     shared_allocator alloc(smem);
     auto& sa = alloc.allocate<SA>();
@@ -73,25 +69,11 @@ __device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<
     warpgroup::load(sa, a, coord{});
     warpgroup::load(sb, b, coord{});
     __syncthreads();
-    rt_fl<16, N> acc, acc1;  // acc1: rows 64 + 16 warp of a paired call
+    rt_fl<16, N> acc;
     if (accumulate) load(acc, c, coord{0, 0, warp_id(), 0});
     else zero(acc);
-    if constexpr (paired) {
-        if (accumulate) load(acc1, c, coord{0, 0, 4 + warp_id(), 0});
-        else zero(acc1);
-    }
     wgmma::fence();
-    if constexpr (paired) {
-        auto block = [&](int h) {
-            if constexpr (a_transposed) return subtile<K, 64>(sa, 0, h);
-            else return subtile<64, K>(sa, h, 0);
-        };
-        const auto a0 = block(0), a1 = block(1);
-        if constexpr (a_transposed && b_row_major) wgmma::mma_AtB(acc, acc1, a0, a1, sb, accumulate);
-        else if constexpr (a_transposed) wgmma::mma_AtBt(acc, acc1, a0, a1, sb, accumulate);
-        else if constexpr (b_row_major) wgmma::mma_AB(acc, acc1, a0, a1, sb, accumulate);
-        else wgmma::mma_ABt(acc, acc1, a0, a1, sb, accumulate);
-    } else if constexpr (a_transposed) {
+    if constexpr (a_transposed) {
         if constexpr (b_row_major) wgmma::mma_AtB(acc, sa, sb, accumulate);
         else wgmma::mma_AtBt(acc, sa, sb, accumulate);
     } else {
@@ -110,7 +92,6 @@ __device__ void wgmma_case(char* smem, const gl<T>& a, const gl<T>& b, const gl<
     wgmma::commit();
     wgmma::wait<0>();
     store(d, acc, coord{0, 0, warp_id(), 0});
-    if constexpr (paired) store(d, acc1, coord{0, 0, 4 + warp_id(), 0});
 }
 
 template <typename T, int N, int K>
@@ -125,22 +106,13 @@ __global__ void __launch_bounds__(128)
         case 4: wgmma_case<T, N, K, 4>(smem, a, b, c, d, accumulate); break;
         case 5: wgmma_case<T, N, K, 5>(smem, a, b, c, d, accumulate); break;
     }
-    if constexpr (N <= 128) {  // paired: two accumulators of N / 2 registers each must fit
-        switch (variant) {
-            case 8: wgmma_case<T, N, K, 8>(smem, a, b, c, d, accumulate); break;
-            case 9: wgmma_case<T, N, K, 9>(smem, a, b, c, d, accumulate); break;
-            case 12: wgmma_case<T, N, K, 12>(smem, a, b, c, d, accumulate); break;
-            case 13: wgmma_case<T, N, K, 13>(smem, a, b, c, d, accumulate); break;
-        }
-    }
 }
 
 template <typename T, int N, int K>
 bool try_wgmma(int n, int k, bool accumulate, int variant, const gl_args& a, const gl_args& b, const gl_args& c,
                const gl_args& d, int64_t stream) {
     if (n != N || k != K) return false;
-    if (variant & 8 && N > 128) throw std::runtime_error("wgmma: paired calls are built for N <= 128");
-    const int smem = shared_bytes_for<st<T, 128, K>, st<T, N, K>>();  // a paired call's 128-row a; either order
+    const int smem = shared_bytes_for<st<T, 64, K>, st<T, N, K>>();  // either operand order: same bytes
     auto kernel = wgmma_kernel<T, N, K>;
     allow_shared(kernel, smem);
     kernel<<<1, 128, smem, as_stream(stream)>>>(make_gl<T>(a), make_gl<T>(b), make_gl<float>(c), make_gl<float>(d),
