@@ -8,8 +8,9 @@
 # REF is a git commit-ish, or "." for the working tree's tracked files as they are (uncommitted
 # edits included, untracked files not). Each version is checked out into its own worktree,
 # $TK_AB_DIR/NAME (default /tmp/tk_ab/NAME), and built there with `setup.py build_ext
-# --inplace` (TK_CUDA_ARCHS, MAX_JOBS, TK_OPS apply as for any build; TK_CUDA_ARCHS defaults to
-# 90a here). COMMAND runs from this tree, so every version is timed by the same scripts, with
+# --inplace`, all versions at once with MAX_JOBS shared between them (TK_CUDA_ARCHS, MAX_JOBS,
+# TK_OPS apply as for any build; TK_CUDA_ARCHS defaults to 90a here). Five matmul-only builds
+# side by side took 42-50 s on the lent H200's 16 cores (session 24), one alone about as long. COMMAND runs from this tree, so every version is timed by the same scripts, with
 # the version's package first on PYTHONPATH; each run is headed "== NAME ROUND".
 #
 # On the lent GPU machine the working tree arrives current but .git may not: in session 9 its
@@ -44,8 +45,11 @@ export TK_CUDA_ARCHS=${TK_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
 export CXX=${TK_CXX:-g++}
 mkdir -p "$AB_DIR"
 
+# Check out every version, then build them all at once (the compile jobs shared between them:
+# one build is mostly a single long nvcc step, so side by side they take about as long as one).
+declare -a HASHES=()
 for i in "${!NAMES[@]}"; do
-    name=${NAMES[$i]} ref=${REFS[$i]} dir=$AB_DIR/${NAMES[$i]}
+    ref=${REFS[$i]} dir=$AB_DIR/${NAMES[$i]}
     if [[ $ref == . ]]; then
         # A commit object of the working tree's tracked files, made without touching the tree.
         ref=$(git stash create)
@@ -54,9 +58,19 @@ for i in "${!NAMES[@]}"; do
     git worktree remove --force "$dir" > /dev/null 2>&1 || rm -rf "$dir"
     git worktree prune
     git worktree add --detach --quiet "$dir" "$ref" || { echo "ab_compare: cannot check out $ref" >&2; exit 1; }
-    start=$SECONDS
-    if ! (cd "$dir" && python setup.py build_ext --inplace > "$AB_DIR/$name.build.log" 2>&1); then
-        echo "ab_compare: building $name ($ref) failed; see $AB_DIR/$name.build.log" >&2
+    HASHES+=("$(git rev-parse --short "$ref")")
+done
+export MAX_JOBS=$(( (MAX_JOBS + ${#NAMES[@]} - 1) / ${#NAMES[@]} ))
+start=$SECONDS
+declare -a PIDS=()
+for name in "${NAMES[@]}"; do
+    (cd "$AB_DIR/$name" && python setup.py build_ext --inplace > "$AB_DIR/$name.build.log" 2>&1) &
+    PIDS+=($!)
+done
+for i in "${!NAMES[@]}"; do
+    name=${NAMES[$i]} dir=$AB_DIR/${NAMES[$i]}
+    if ! wait "${PIDS[$i]}"; then
+        echo "ab_compare: building $name (${HASHES[$i]}) failed; see $AB_DIR/$name.build.log" >&2
         grep -m 10 -i "error" "$AB_DIR/$name.build.log" >&2
         exit 1
     fi
@@ -66,7 +80,7 @@ for i in "${!NAMES[@]}"; do
         echo "ab_compare: $name imports thunderkittens from '$where', not from $dir/python" >&2
         exit 1
     fi
-    echo "built $name ($(git rev-parse --short "$ref")) in $((SECONDS - start))s"
+    echo "built $name (${HASHES[$i]}) in $((SECONDS - start))s"
 done
 
 status=0
