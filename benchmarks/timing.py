@@ -9,6 +9,8 @@ alternating rounds instead of one after the other, so that a drift of the GPU's 
 and temperature: cuBLAS on one shape moved 675-777 TFLOP/s between runs) falls on both alike.
 With more callables a rotating order still puts each one after the same neighbour every
 round, which biased one column by up to 9% (attention.py times its six one after the other).
+Its turns of calls of STEADY_FROM_MS or more skip the sleep (such a call never waits for the
+CPU) and run at steady state instead.
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ def sustained(fns: Mapping[str, Callable[[], object]], *, seconds: float = 3.0, 
     """Each callable run back to back for `seconds` (no sleeps: the GPU never idles), in
     alternating turns, `rounds` times; per turn the microseconds per call (CUDA events over the
     whole turn) and, with `gpu` (benchmarks.power.Gpu), the millijoules per call, the mean power
-    and the median SM clock. This is a training loop's steady state at the power cap, where the
-    interleaved medians above time short bursts after an idle sleep."""
+    and the median SM clock. This is a training loop's steady state at the power cap, held for
+    seconds, where the interleaved medians above take a few hundred milliseconds per turn (and
+    time calls under STEADY_FROM_MS in short bursts after an idle sleep)."""
     from .power import Sampler  # only here: NVML is not needed for the timings above
 
     turns: dict[str, list[dict]] = {name: [] for name in fns}

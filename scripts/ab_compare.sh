@@ -10,8 +10,9 @@
 # $TK_AB_DIR/NAME (default /tmp/tk_ab/NAME), and built there with `setup.py build_ext
 # --inplace`, all versions at once with MAX_JOBS shared between them (TK_CUDA_ARCHS, MAX_JOBS,
 # TK_OPS apply as for any build; TK_CUDA_ARCHS defaults to 90a here). Five matmul-only builds
-# side by side took 42-50 s on the lent H200's 16 cores (session 24), one alone about as long. COMMAND runs from this tree, so every version is timed by the same scripts, with
-# the version's package first on PYTHONPATH; each run is headed "== NAME ROUND".
+# side by side took 42-50 s on the lent H200's 16 cores (session 24), one alone about as long.
+# COMMAND runs from this tree, so every version is timed by the same scripts, with the version's
+# package first on PYTHONPATH; each run is headed "== NAME ROUND".
 #
 # On the lent GPU machine the working tree arrives current but .git may not: in session 9 its
 # HEAD and branches were those of the session's start, so HEAD~1 and HEAD built two old commits

@@ -3,9 +3,10 @@
     python3 scripts/sustained.py --matmul 4096x4096x4096 4096x14336x4096 [--bt]
     python3 scripts/sustained.py --attention 8,16,6144,128 8,16,6144,128,0,16,bwd [--seconds 3]
 
-The benchmarks time bursts of calls after an idle GPU sleep (benchmarks/timing.py); this is the
-steady state of a training loop, where a kernel at the power cap runs at the clock its energy
-per call allows. Matmul: MxNxK, bf16, against cuBLAS (torch.matmul). Attention: batch, heads,
+The benchmarks time calls under 2 ms in bursts after an idle GPU sleep and longer ones for a few
+hundred milliseconds per turn (benchmarks/timing.py); this is the steady state of a training
+loop held for seconds, where a kernel at the power cap runs at the clock its energy per call
+allows. Matmul: MxNxK, bf16, against cuBLAS (torch.matmul). Attention: batch, heads,
 len, head_dim[, causal[, kv_heads[, bwd]]] against SDPA's cuDNN backend. Each pair is run in
 alternating turns (two rounds by default); per turn it prints microseconds and millijoules per
 call, mean watts, the median SM clock and the hottest temperature, then the medians' ratios
