@@ -26,6 +26,9 @@
 // leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
 #include <cuda.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
@@ -64,18 +67,27 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 // 814); with the pieces in a launch of their own the loop kept its schedule, but the split's
 // fixed cost (7-9 us) outweighed the d128 last rounds it replaced (benchmarks/NOTES.md). d64:
 // 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259 us).
-template <int D> constexpr bool SPLITS_LAST_ROUND = D <= 64;
+template <int D, int C = 2> constexpr bool SPLITS_LAST_ROUND = D <= 64 || C == 3;
+
+// EXPERIMENT (branch fwd-three-d128): d128 with three consumer warpgroups, as TK's kernel, picked
+// by TK_FWD_D128_CONSUMERS=3. At 160 registers a consumer cannot hold S_j, P_{j-1} and O at once
+// (64 + 32 + 64), so each warpgroup runs its tile serially (S_j, softmax, P_j V_j, wait) and the
+// other two keep the tensor cores busy meanwhile; and shared memory holds one Q buffer (192 x 128)
+// beside the two K/V stages and three O staging tiles (227 KiB in all).
+template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
+template <int D, int C> constexpr int Q_BUFFERS = SERIAL_STEPS<D, C> ? 1 : 2;
 
 template <typename T, int D, int C>
 struct Shared {
     using q_tile = kt::st<T, 64 * C, D>;
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
-    q_tile q[2];  // this task's and the next one's
-    int task_index[2];  // the task behind each Q buffer (-1: no more tasks), set by the producer
+    static constexpr int QB = Q_BUFFERS<D, C>;
+    q_tile q[QB];  // this task's and (two buffers) the next one's
+    int task_index[QB];  // the task behind each Q buffer (-1: no more tasks), set by the producer
     kv_tile k[STAGES<D>], v[STAGES<D>];
     o_tile o[C];
-    kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
+    kt::semaphore q_full[QB], q_empty[QB], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
         v_empty[STAGES<D>];
 };
 
@@ -152,8 +164,10 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
     constexpr int CONSUMERS = C, BLOCK_M = 64 * C;
-    constexpr bool SPLIT = !CAUSAL && SPLITS_LAST_ROUND<D>;
+    constexpr bool SPLIT = !CAUSAL && SPLITS_LAST_ROUND<D, C>;
+    constexpr bool SERIAL = SERIAL_STEPS<D, C>;
     using S = Shared<T, D, C>;
+    constexpr int QB = S::QB;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
@@ -161,7 +175,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     const int tasks = SPLIT ? g.tasks : kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < 2; s++) {
+        for (int s = 0; s < QB; s++) {
             kt::init_semaphore(sh.q_full[s], 1);
             // Every consumer thread arrives: each read the task index beside the Q buffer, and
             // racecheck orders a thread's read before the producer's next write only through
@@ -189,8 +203,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
             int ring = 0, index = blockIdx.x;
             for (int local = 0;; local++) {
-                const int qs = local % 2;
-                if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
+                const int qs = local % QB;
+                if (local >= QB) kt::wait(sh.q_empty[qs], (local / QB - 1) % 2);
                 sh.task_index[qs] = index < tasks ? index : -1;
                 if (index >= tasks) {  // tell the consumers to stop (the arrive publishes the -1)
                     kt::arrive(sh.q_full[qs]);
@@ -244,7 +258,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         __syncwarp();
         if (kt::lane_id() == 0) kt::arrive(empty);
     };
-    if (consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
+    if (!SERIAL && consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
 
     // Ring position n of a K/V tile (counting on across tasks) -> its stage and phase.
     auto issue_scores = [&](const auto& q, int n) {  // S = Q K_n^T
@@ -382,8 +396,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // Tasks in the producer's order.
     int ring = 0;
     for (int local = 0;; local++) {
-        const int qs = local % 2;
-        kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
+        const int qs = local % QB;
+        kt::wait(sh.q_full[qs], (local / QB) % 2);  // also publishes the producer's task_index
         // Every lane reads the same index; taking it through a warp reduction puts it in a uniform
         // register, so the task's tile counts and the ring positions, stages and wgmma descriptors
         // derived from it stay in the uniform datapath (a plain shared load would leave them in
@@ -402,7 +416,30 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         }
         const int row0 = first_row(t);
         const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
+        const int key0 = SPLIT ? t.first_tile * BLOCK_N : 0;  // the task's first key
 
+        if constexpr (SERIAL) {  // each tile start to end: S_j, softmax, O = O * alpha + P_j V_j
+            start_rows();
+            kt::zero(o);
+            auto serial_step = [&]<bool MASKED>(int j) {
+                issue_scores(q, ring + j);
+                kt::wgmma::wait<0>();
+                kt::wgmma::fence_operand(s);
+                release(sh.k_empty[(ring + j) % ST]);
+                if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
+                row_values rescale;
+                softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
+                kt::mul_row(o, o, rescale);
+                kt::copy(p, s);
+                issue_pv(ring + j);
+                pv_done(ring + j);
+            };
+            int j = 0;
+            for (; j < t.unmasked; j++) serial_step.template operator()<false>(j);
+            for (; j < t.tiles; j++) serial_step.template operator()<true>(j);
+            ring += t.tiles;
+            close_rows(t);
+        } else {
         // Tile 0: S_0 alone (no P V yet), K_0 released once it is done.
         my_turn();
         issue_scores(q, ring);
@@ -412,7 +449,6 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         release(sh.k_empty[ring % ST]);
         start_rows();
         row_values rescale;  // O starts at zero: nothing to rescale
-        const int key0 = SPLIT ? t.first_tile * BLOCK_N : 0;  // the task's first key
         if (t.unmasked == 0) softmax.template operator()<true>(row0, key0, rescale);
         else softmax.template operator()<false>(row0, key0, rescale);
         if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
@@ -447,6 +483,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         pass_turn();
         close_rows(t);
         pv_done(ring - 1);
+        }
         if (SPLIT && t.piece >= 0) {
             kt::div_row(o, o, divisor);
             if (piece_done_last(t)) {  // this warp's merged rows go out straight from registers
@@ -460,7 +497,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         }
         store_output(t);
     }
-    if (consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
+    if (!SERIAL && consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
 #endif
 }
@@ -470,9 +507,19 @@ struct Sm90Forward {
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
 };
 
+// EXPERIMENT: TK_FWD_D128_CONSUMERS=3 runs d128 with three consumer warpgroups.
+bool three_d128() {
+    static const bool three = [] {
+        const char* v = std::getenv("TK_FWD_D128_CONSUMERS");
+        return v != nullptr && std::string(v) == "3";
+    }();
+    return three;
+}
+
 // The consumer warpgroups of a launch: CONSUMERS<D>, but two for short causal d64.
 int consumers_for(const ForwardParams& p) {
     if (p.head_dim == 64 && p.causal && p.len_q <= SHORT_CAUSAL_D64_MAX_LEN) return 2;
+    if (p.head_dim == 128 && !p.causal && three_d128()) return 3;  // causal: spills in its loop
     return p.head_dim <= 64 ? CONSUMERS<64> : CONSUMERS<128>;
 }
 
@@ -481,7 +528,7 @@ int consumers_for(const ForwardParams& p) {
 // with more tasks than fit in an int.
 TailSplit tail_split(const ForwardParams& p) {
     const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers_for(p))) * p.batch * p.heads_q;
-    const bool splits = p.head_dim <= 64 ? SPLITS_LAST_ROUND<64> : SPLITS_LAST_ROUND<128>;
+    const bool splits = p.head_dim <= 64 ? SPLITS_LAST_ROUND<64> : consumers_for(p) == 3;
     if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
     return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
 }
@@ -553,6 +600,8 @@ template <typename T, int D, bool CAUSAL>
 cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (D == 64 && CAUSAL)
         if (consumers_for(p) == 2) return launch<T, D, CAUSAL, 2>(p, stream);
+    if constexpr (D == 128 && !CAUSAL)
+        if (consumers_for(p) == 3) return launch<T, D, CAUSAL, 3>(p, stream);
     return launch<T, D, CAUSAL, CONSUMERS<D>>(p, stream);
 }
 
