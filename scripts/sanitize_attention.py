@@ -32,6 +32,9 @@ HEADS = [(2, 2), (4, 1)]  # (query heads, key/value heads)
 # causal_lower_right (key j visible to query i iff j <= i + Lk - Lq): with (300, 65) the first
 # 235 rows see no key, a whole query block of each kernel (128 rows; 192 for sm90 at d64).
 LOWER_RIGHT_LENGTHS = [(300, 65), (65, 130)]
+# Non-causal d128 with both lengths >= 3072 runs the sm90 forward with three consumer warpgroups
+# (one Q buffer, serial tiles, a split last round): one such case per dtype and head layout.
+THREE_CONSUMER_LENGTHS = [(3100, 3073)]
 TOLERANCE = 3e-2  # loose: this is a sanitizer run, tests/test_attention_gpu.py checks accuracy
 
 
@@ -54,6 +57,8 @@ def main() -> int:
     cases = list(itertools.product(kernels, LENGTHS, DTYPES, HEAD_DIMS, (False, True), HEADS))
     cases += list(itertools.product(kernels, LOWER_RIGHT_LENGTHS, DTYPES, HEAD_DIMS,
                                     ("lower-right",), HEADS))
+    cases += list(itertools.product([k for k in kernels if k == "sm90"], THREE_CONSUMER_LENGTHS, DTYPES,
+                                    [128], (False,), HEADS))
     for kernel, (len_q, len_kv), dtype, head_dim, mask, (heads_q, heads_kv) in cases:
         q = torch.randn(1, heads_q, len_q, head_dim, dtype=dtype)
         k = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)

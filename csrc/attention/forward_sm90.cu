@@ -3,7 +3,7 @@
 // A task is 64 query rows per consumer warpgroup (C = 2 or 3, see CONSUMERS) of one
 // (batch, head); a persistent grid of one block per SM walks the tasks. The last warpgroup is
 // the producer: one thread TMA-loads each task's Q (two buffers, so the next task's Q lands
-// during this one) and K and V tiles of BLOCK_N = 128 keys into a ring of stages (K and V on
+// during this one; one for three consumers at d128) and K and V tiles of BLOCK_N = 128 keys into a ring of stages (K and V on
 // separate semaphores, so scores can start before V lands), running ahead into the next task
 // while the consumers finish the current one.
 // The other warpgroups are consumers, 64 query rows each, with the registers the producer
@@ -13,7 +13,8 @@
 //   O = O * alpha + P_j V_j       wgmma, A = P from registers, B = V from shared memory
 // in the order S_j, then P_{j-1} V_{j-1} (both issued back to back), then the softmax of
 // S_j, which runs while the tensor cores do P_{j-1} V_{j-1}; the consumer warpgroups take
-// turns issuing, so the tensor cores interleave one's products with another's softmax. A
+// turns issuing, so the tensor cores interleave one's products with another's softmax. (Three
+// consumers at d128 run each tile start to end instead: see SERIAL_STEPS.) A
 // task starts with its S_0 alone and ends with its last P V alone, then its epilogue.
 // K_j's stage is released once S_j is done, V_{j-1}'s once P_{j-1} V_{j-1} is. Masked and
 // unmasked tiles are separate instantiations (as in the sm80 kernel); partial tiles need no
@@ -25,9 +26,6 @@
 // Lk - Lq: lower-right); keys >= Lk are never visible. A negative offset (lower-right, Lq > Lk)
 // leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
 #include <cuda.h>
-
-#include <cstdlib>
-#include <string>
 
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
@@ -47,9 +45,16 @@ namespace kt = kittens;
 // a third warpgroup keeps the tensor cores fed; at d128 two warpgroups get 240 registers each,
 // which O, S and P need. Short causal d64 runs with two: smaller tasks balance better there
 // (measured, session 10, tk/cuDNN forward at b16 h16: n768 0.91 -> 0.95, n1536 and n2048
-// 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98).
+// 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98). Long
+// non-causal d128 runs with three (SERIAL_STEPS).
 template <int D> constexpr int CONSUMERS = D <= 64 ? 3 : 2;
 constexpr int SHORT_CAUSAL_D64_MAX_LEN = 2048;  // len_q up to which d64 causal uses two
+// Non-causal d128 with Lq and Lk both at least this long runs with three consumers. Measured
+// (session 24, back to back against cuDNN for 1-2 s, cuDNN/tk, three consumers -> two; b16 h16
+// unless given): n768 1.007 -> 1.046, n1536 1.024 -> 1.038, n3072 1.052 -> 1.043, b8 n6144
+// 1.066 -> 1.031 (3856 -> 3982 us), b4 n12288 1.066 -> 1.028 (7560 -> 7841 us). Causal stays
+// with two: with three its loop spills (ptxas).
+constexpr int THREE_CONSUMER_D128_MIN_LEN = 3072;
 constexpr int BLOCK_N = 128;               // keys per tile
 constexpr int PRODUCER_REGISTERS = 24;
 // What the register file leaves each consumer thread once the producer has given its share back
@@ -61,7 +66,7 @@ constexpr float LOG2E = 1.4426950408889634f;
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
-// d128: the piece code moved ptxas's placement of the P V wait among the exponentials in the
+// d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the exponentials in the
 // d128 loop (SASS), and the d128 forward measured 1-2% slower on every non-causal config,
 // split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
 // 814); with the pieces in a launch of their own the loop kept its schedule, but the split's
@@ -69,11 +74,12 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 // 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259 us).
 template <int D, int C = 2> constexpr bool SPLITS_LAST_ROUND = D <= 64 || C == 3;
 
-// EXPERIMENT (branch fwd-three-d128): d128 with three consumer warpgroups, as TK's kernel, picked
-// by TK_FWD_D128_CONSUMERS=3. At 160 registers a consumer cannot hold S_j, P_{j-1} and O at once
-// (64 + 32 + 64), so each warpgroup runs its tile serially (S_j, softmax, P_j V_j, wait) and the
-// other two keep the tensor cores busy meanwhile; and shared memory holds one Q buffer (192 x 128)
-// beside the two K/V stages and three O staging tiles (227 KiB in all).
+// d128 with three consumer warpgroups (as TK's kernel): at 160 registers a consumer cannot hold
+// S_j, P_{j-1} and O at once (64 + 32 + 64), so each warpgroup runs a tile start to end (S_j,
+// softmax, P_j V_j, wait) while the other two keep the tensor cores busy; shared memory holds
+// one Q buffer (192 x 128) beside the two K/V stages and three O staging tiles (227 KiB in all),
+// and its tasks of 192 rows split their last round (SPLITS_LAST_ROUND: b8 h16 n6144 is 31.03
+// rounds of them on 132 SMs).
 template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
 template <int D, int C> constexpr int Q_BUFFERS = SERIAL_STEPS<D, C> ? 1 : 2;
 
@@ -393,8 +399,80 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::div_row(o, o, sum);
     };
 
+    int ring = 0;  // the K/V ring position of the current task's first tile
+    // A task's key tiles, from its first S to its last P V: O (not yet divided by the row sums)
+    // and the rows' statistics, closed (close_rows). K/V ring positions from `ring` on.
+    //
+    // Two consumers (overlapped): tile j >= 1 issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} back
+    // to back, and the softmax of S_j runs while the second one does; S_0 comes alone at the
+    // start and the last P V alone at the end. S_j done releases K_j, and after the task's last
+    // tile Q.
+    auto overlapped_tiles = [&](const Task& t, const auto& q, int qs, int row0, int key0) {
+        my_turn();
+        issue_scores(q, ring);
+        pass_turn();
+        kt::wgmma::wait<0>();  // S_0 is done
+        kt::wgmma::fence_operand(s);
+        release(sh.k_empty[ring % ST]);
+        start_rows();
+        row_values rescale;  // O starts at zero: nothing to rescale
+        if (t.unmasked == 0) softmax.template operator()<true>(row0, key0, rescale);
+        else softmax.template operator()<false>(row0, key0, rescale);
+        if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
+        kt::zero(o);
+        kt::copy(p, s);
+        auto step = [&]<bool MASKED>(int j) {
+            my_turn();
+            issue_scores(q, ring + j);
+            issue_pv(ring + j - 1);
+            pass_turn();
+            kt::wgmma::wait<1>();  // S_j is done
+            kt::wgmma::fence_operand(s);
+            release(sh.k_empty[(ring + j) % ST]);
+            if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
+            row_values rescale;
+            softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
+            pv_done(ring + j - 1);
+            kt::mul_row(o, o, rescale);
+            kt::copy(p, s);
+        };
+        int j = 1;
+        for (; j < t.unmasked; j++) step.template operator()<false>(j);
+        for (; j < t.tiles; j++) step.template operator()<true>(j);
+        ring += t.tiles;
+        my_turn();
+        issue_pv(ring - 1);
+        pass_turn();
+        close_rows(t);
+        pv_done(ring - 1);
+    };
+    // Three consumers at d128 (serial): each tile start to end, S_j, its softmax, O = O * alpha +
+    // P_j V_j, and the wait for that product before S_{j+1}; the other two warpgroups keep the
+    // tensor cores busy meanwhile. No turns.
+    auto serial_tiles = [&](const Task& t, const auto& q, int qs, int row0, int key0) {
+        start_rows();
+        kt::zero(o);
+        auto step = [&]<bool MASKED>(int j) {
+            issue_scores(q, ring + j);
+            kt::wgmma::wait<0>();
+            kt::wgmma::fence_operand(s);
+            release(sh.k_empty[(ring + j) % ST]);
+            if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
+            row_values rescale;
+            softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
+            kt::mul_row(o, o, rescale);
+            kt::copy(p, s);
+            issue_pv(ring + j);
+            pv_done(ring + j);
+        };
+        int j = 0;
+        for (; j < t.unmasked; j++) step.template operator()<false>(j);
+        for (; j < t.tiles; j++) step.template operator()<true>(j);
+        ring += t.tiles;
+        close_rows(t);
+    };
+
     // Tasks in the producer's order.
-    int ring = 0;
     for (int local = 0;; local++) {
         const int qs = local % QB;
         kt::wait(sh.q_full[qs], (local / QB) % 2);  // also publishes the producer's task_index
@@ -417,73 +495,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         const int row0 = first_row(t);
         const auto q = kt::subtile<64, D>(sh.q[qs], consumer, 0);
         const int key0 = SPLIT ? t.first_tile * BLOCK_N : 0;  // the task's first key
-
-        if constexpr (SERIAL) {  // each tile start to end: S_j, softmax, O = O * alpha + P_j V_j
-            start_rows();
-            kt::zero(o);
-            auto serial_step = [&]<bool MASKED>(int j) {
-                issue_scores(q, ring + j);
-                kt::wgmma::wait<0>();
-                kt::wgmma::fence_operand(s);
-                release(sh.k_empty[(ring + j) % ST]);
-                if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
-                row_values rescale;
-                softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
-                kt::mul_row(o, o, rescale);
-                kt::copy(p, s);
-                issue_pv(ring + j);
-                pv_done(ring + j);
-            };
-            int j = 0;
-            for (; j < t.unmasked; j++) serial_step.template operator()<false>(j);
-            for (; j < t.tiles; j++) serial_step.template operator()<true>(j);
-            ring += t.tiles;
-            close_rows(t);
-        } else {
-        // Tile 0: S_0 alone (no P V yet), K_0 released once it is done.
-        my_turn();
-        issue_scores(q, ring);
-        pass_turn();
-        kt::wgmma::wait<0>();  // S_0 is done
-        kt::wgmma::fence_operand(s);
-        release(sh.k_empty[ring % ST]);
-        start_rows();
-        row_values rescale;  // O starts at zero: nothing to rescale
-        if (t.unmasked == 0) softmax.template operator()<true>(row0, key0, rescale);
-        else softmax.template operator()<false>(row0, key0, rescale);
-        if (t.tiles == 1) kt::arrive(sh.q_empty[qs]);
-        kt::zero(o);
-        kt::copy(p, s);
-
-        // Tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} go to the tensor cores back to
-        // back; the softmax of S_j runs while the second one does. S_j done releases K_j, and
-        // after the task's last tile Q.
-        auto step = [&]<bool MASKED>(int j) {
-            my_turn();
-            issue_scores(q, ring + j);
-            issue_pv(ring + j - 1);
-            pass_turn();
-            kt::wgmma::wait<1>();  // S_j is done
-            kt::wgmma::fence_operand(s);
-            release(sh.k_empty[(ring + j) % ST]);
-            if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
-            row_values rescale;
-            softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
-            pv_done(ring + j - 1);
-            kt::mul_row(o, o, rescale);
-            kt::copy(p, s);
-        };
-        int j = 1;
-        for (; j < t.unmasked; j++) step.template operator()<false>(j);
-        for (; j < t.tiles; j++) step.template operator()<true>(j);
-        ring += t.tiles;
-        // The last P V alone, then the epilogue.
-        my_turn();
-        issue_pv(ring - 1);
-        pass_turn();
-        close_rows(t);
-        pv_done(ring - 1);
-        }
+        if constexpr (SERIAL) serial_tiles(t, q, qs, row0, key0);
+        else overlapped_tiles(t, q, qs, row0, key0);
         if (SPLIT && t.piece >= 0) {
             kt::div_row(o, o, divisor);
             if (piece_done_last(t)) {  // this warp's merged rows go out straight from registers
@@ -507,19 +520,13 @@ struct Sm90Forward {
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
 };
 
-// EXPERIMENT: TK_FWD_D128_CONSUMERS=3 runs d128 with three consumer warpgroups.
-bool three_d128() {
-    static const bool three = [] {
-        const char* v = std::getenv("TK_FWD_D128_CONSUMERS");
-        return v != nullptr && std::string(v) == "3";
-    }();
-    return three;
-}
-
-// The consumer warpgroups of a launch: CONSUMERS<D>, but two for short causal d64.
+// The consumer warpgroups of a launch: CONSUMERS<D>, but two for short causal d64 and three for
+// long non-causal d128.
 int consumers_for(const ForwardParams& p) {
     if (p.head_dim == 64 && p.causal && p.len_q <= SHORT_CAUSAL_D64_MAX_LEN) return 2;
-    if (p.head_dim == 128 && !p.causal && three_d128()) return 3;  // causal: spills in its loop
+    if (p.head_dim == 128 && !p.causal && p.len_q >= THREE_CONSUMER_D128_MIN_LEN &&
+        p.len_kv >= THREE_CONSUMER_D128_MIN_LEN)
+        return 3;
     return p.head_dim <= 64 ? CONSUMERS<64> : CONSUMERS<128>;
 }
 
@@ -527,8 +534,11 @@ int consumers_for(const ForwardParams& p) {
 // hands the light tasks out last), at a head dim that does not split (SPLITS_LAST_ROUND), or
 // with more tasks than fit in an int.
 TailSplit tail_split(const ForwardParams& p) {
-    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers_for(p))) * p.batch * p.heads_q;
-    const bool splits = p.head_dim <= 64 ? SPLITS_LAST_ROUND<64> : consumers_for(p) == 3;
+    const int consumers = consumers_for(p);
+    const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers)) * p.batch * p.heads_q;
+    const bool splits = p.head_dim <= 64   ? SPLITS_LAST_ROUND<64>
+                        : consumers == 3 ? SPLITS_LAST_ROUND<128, 3>
+                                         : SPLITS_LAST_ROUND<128, 2>;
     if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
     return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
 }
