@@ -33,8 +33,11 @@ HEADS = [(2, 2), (4, 1)]  # (query heads, key/value heads)
 # 235 rows see no key, a whole query block of each kernel (128 rows; 192 for sm90 at d64).
 LOWER_RIGHT_LENGTHS = [(300, 65), (65, 130)]
 # Non-causal d128 with both lengths >= 3072 runs the sm90 forward with three consumer warpgroups
-# (one Q buffer, serial tiles, a split last round): one such case per dtype and head layout.
-THREE_CONSUMER_LENGTHS = [(3100, 3073)]
+# (serial tiles, 192-row tasks, a split last round). With 132 SMs, (3100, 3073) is 34 or 68
+# tasks (all split, or one whole task per block); (26000, 3073) is 272 or 544, so blocks run
+# two to four whole tasks back to back (the Q buffers change hands between tasks) and then a
+# piece of a split task.
+THREE_CONSUMER_LENGTHS = [(3100, 3073), (26000, 3073)]
 TOLERANCE = 3e-2  # loose: this is a sanitizer run, tests/test_attention_gpu.py checks accuracy
 
 

@@ -286,7 +286,9 @@ def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal, kernel):
 # blocks => 8 pieces of 4-5 tiles, the last one partial), full rounds and 2 tasks more (S + 2
 # heads of one query block => 8 pieces of 4 tiles), and GQA (16 tasks, 4 pieces). d128 splits
 # only with three consumer warpgroups (non-causal, Lq and Lk >= 3072; also 192-row tasks): 8
-# heads of 17 query blocks are 136 tasks, a full round and 4 more; the other cases run it unsplit.
+# heads of 17 query blocks are 136 tasks, a full round and 4 more; 32 heads of 17 blocks (GQA)
+# are 4 full rounds and 16 more, so each block runs four whole tasks and then a piece; the
+# other cases run it unsplit.
 def _split_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     return [  # batch, heads_q, heads_kv, len_q, len_kv
@@ -294,6 +296,7 @@ def _split_cases():
         (1, sms + 2, sms + 2, 100, 4000),
         (2, 8, 2, 128, 2000),
         (1, 8, 8, 3100, 3100),
+        (2, 16, 4, 3100, 3200),
     ]
 
 
