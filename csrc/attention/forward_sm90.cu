@@ -3,7 +3,7 @@
 // A task is 64 query rows per consumer warpgroup (C = 2 or 3, see CONSUMERS) of one
 // (batch, head); a persistent grid of one block per SM walks the tasks. The last warpgroup is
 // the producer: one thread TMA-loads each task's Q (two buffers, so the next task's Q lands
-// during this one; one for three consumers at d128) and K and V tiles of BLOCK_N = 128 keys into a ring of stages (K and V on
+// during this one) and K and V tiles of BLOCK_N = 128 keys into a ring of stages (K and V on
 // separate semaphores, so scores can start before V lands), running ahead into the next task
 // while the consumers finish the current one.
 // The other warpgroups are consumers, 64 query rows each, with the registers the producer
@@ -26,6 +26,8 @@
 // Lk - Lq: lower-right); keys >= Lk are never visible. A negative offset (lower-right, Lq > Lk)
 // leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
 #include <cuda.h>
+
+#include <type_traits>
 
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
@@ -76,24 +78,25 @@ template <int D, int C = 2> constexpr bool SPLITS_LAST_ROUND = D <= 64 || C == 3
 
 // d128 with three consumer warpgroups (as TK's kernel): at 160 registers a consumer cannot hold
 // S_j, P_{j-1} and O at once (64 + 32 + 64), so each warpgroup runs a tile start to end (S_j,
-// softmax, P_j V_j, wait) while the other two keep the tensor cores busy; shared memory holds
-// one Q buffer (192 x 128) beside the two K/V stages and three O staging tiles (227 KiB in all),
-// and its tasks of 192 rows split their last round (SPLITS_LAST_ROUND: b8 h16 n6144 is 31.03
-// rounds of them on 132 SMs).
+// softmax, P_j V_j, wait) while the other two keep the tensor cores busy; and its tasks of 192
+// rows split their last round (SPLITS_LAST_ROUND: b8 h16 n6144 is 31.03 rounds of them on 132
+// SMs). Two Q buffers (192 x 128) and two K/V stages fill shared memory, so a warpgroup stages
+// its O in its own Q rows, free once its last S is done (O_IN_Q); a Q buffer then goes back to
+// the producer when the O stores out of it have read it, at the next task's first S.
 template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
-template <int D, int C> constexpr int Q_BUFFERS = SERIAL_STEPS<D, C> ? 1 : 2;
+template <int D, int C> constexpr bool O_IN_Q = SERIAL_STEPS<D, C>;
 
 template <typename T, int D, int C>
 struct Shared {
     using q_tile = kt::st<T, 64 * C, D>;
     using kv_tile = kt::st<T, BLOCK_N, D>;
     using o_tile = kt::st<T, 64, D>;
-    static constexpr int QB = Q_BUFFERS<D, C>;
-    q_tile q[QB];  // this task's and (two buffers) the next one's
-    int task_index[QB];  // the task behind each Q buffer (-1: no more tasks), set by the producer
+    struct no_staging {};
+    q_tile q[2];  // this task's and the next one's
+    int task_index[2];  // the task behind each Q buffer (-1: no more tasks), set by the producer
     kv_tile k[STAGES<D>], v[STAGES<D>];
-    o_tile o[C];
-    kt::semaphore q_full[QB], q_empty[QB], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
+    std::conditional_t<O_IN_Q<D, C>, no_staging, o_tile[C]> o;  // O staging (O_IN_Q: in the Q rows)
+    kt::semaphore q_full[2], q_empty[2], k_full[STAGES<D>], v_full[STAGES<D>], k_empty[STAGES<D>],
         v_empty[STAGES<D>];
 };
 
@@ -173,7 +176,6 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     constexpr bool SPLIT = !CAUSAL && SPLITS_LAST_ROUND<D, C>;
     constexpr bool SERIAL = SERIAL_STEPS<D, C>;
     using S = Shared<T, D, C>;
-    constexpr int QB = S::QB;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
@@ -181,7 +183,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     const int tasks = SPLIT ? g.tasks : kt::ceil_div(g.len_q, BLOCK_M) * g.batch * g.heads_q;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < QB; s++) {
+        for (int s = 0; s < 2; s++) {
             kt::init_semaphore(sh.q_full[s], 1);
             // Every consumer thread arrives: each read the task index beside the Q buffer, and
             // racecheck orders a thread's read before the producer's next write only through
@@ -209,8 +211,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
             int ring = 0, index = blockIdx.x;
             for (int local = 0;; local++) {
-                const int qs = local % QB;
-                if (local >= QB) kt::wait(sh.q_empty[qs], (local / QB - 1) % 2);
+                const int qs = local % 2;
+                if (local >= 2) kt::wait(sh.q_empty[qs], (local / 2 - 1) % 2);
                 sh.task_index[qs] = index < tasks ? index : -1;
                 if (index >= tasks) {  // tell the consumers to stop (the arrive publishes the -1)
                     kt::arrive(sh.q_full[qs]);
@@ -329,20 +331,43 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::copy(divisor, row_sum);
     };
     // A task's O (complete) / divisor into this warpgroup's staging tile, one TMA store (clipped
-    // at Lq); the previous task's store must have finished reading the tile first.
-    auto store_output = [&](const Task& t) {
+    // at Lq); the previous task's store must have finished reading the tile first. O_IN_Q: the
+    // tile is this warpgroup's rows of the task's Q buffer `qs` (its last S is done, and the
+    // last store out of that buffer was read before the producer refilled it, release_q).
+    auto store_output = [&](const Task& t, int qs) {
         kt::div_row(o, o, divisor);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
+        const kt::coord at{t.b, t.h, t.q_block * CONSUMERS + consumer, 0};
+        if constexpr (O_IN_Q<D, C>) {
+            kt::warpgroup::sync(1 + consumer);  // every warp of this warpgroup is past its last S
+            kt::store(kt::subtile<16, D>(sh.q[qs], consumer * 4 + warp, 0), o_out);
+            kt::fence_async_proxy();
+            kt::warpgroup::sync(1 + consumer);
+            if (issuer) {
+                kt::tma::store_async(&g.o_map, kt::subtile<64, D>(sh.q[qs], consumer, 0), at);
+                kt::tma::store_commit();
+            }
+        } else {
+            if (issuer) kt::tma::store_wait_read<0>();
+            kt::warpgroup::sync(1 + consumer);
+            kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
+            kt::fence_async_proxy();
+            kt::warpgroup::sync(1 + consumer);
+            if (issuer) {
+                kt::tma::store_async(&g.o_map, sh.o[consumer], at);
+                kt::tma::store_commit();
+            }
+        }
+    };
+    // O_IN_Q: the Q buffer of this warpgroup's last O store, until that store has read it.
+    int unreleased_q = -1;
+    auto release_q = [&] {
+        if (unreleased_q < 0) return;
         if (issuer) kt::tma::store_wait_read<0>();
         kt::warpgroup::sync(1 + consumer);
-        kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
-        kt::fence_async_proxy();
-        kt::warpgroup::sync(1 + consumer);
-        if (issuer) {
-            kt::tma::store_async(&g.o_map, sh.o[consumer], kt::coord{t.b, t.h, t.q_block * CONSUMERS + consumer, 0});
-            kt::tma::store_commit();
-        }
+        kt::arrive(sh.q_empty[unreleased_q]);
+        unreleased_q = -1;
     };
     auto start_rows = [&] {
         kt::neg_infty(row_max);
@@ -454,10 +479,13 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::zero(o);
         auto step = [&]<bool MASKED>(int j) {
             issue_scores(q, ring + j);
+            if (j == 0) release_q();  // the previous task's O store has long been read by now
             kt::wgmma::wait<0>();
             kt::wgmma::fence_operand(s);
             release(sh.k_empty[(ring + j) % ST]);
-            if (j == t.tiles - 1) kt::arrive(sh.q_empty[qs]);
+            // A whole task's Q buffer goes back after its O store (O_IN_Q); a piece's (no store)
+            // once its last S is done.
+            if (j == t.tiles - 1 && (!O_IN_Q<D, C> || t.piece >= 0)) kt::arrive(sh.q_empty[qs]);
             row_values rescale;
             softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
             kt::mul_row(o, o, rescale);
@@ -474,8 +502,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
 
     // Tasks in the producer's order.
     for (int local = 0;; local++) {
-        const int qs = local % QB;
-        kt::wait(sh.q_full[qs], (local / QB) % 2);  // also publishes the producer's task_index
+        const int qs = local % 2;
+        kt::wait(sh.q_full[qs], (local / 2) % 2);  // also publishes the producer's task_index
         // Every lane reads the same index; taking it through a warp reduction puts it in a uniform
         // register, so the task's tile counts and the ring positions, stages and wgmma descriptors
         // derived from it stay in the uniform datapath (a plain shared load would leave them in
@@ -485,11 +513,13 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         if (index < 0) break;  // no more tasks
         const Task t = task_at<BLOCK_M, CAUSAL, SPLIT>(index, g);
         if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
-            kt::arrive(sh.q_empty[qs]);
+            release_q();
+            if constexpr (!O_IN_Q<D, C>) kt::arrive(sh.q_empty[qs]);
             kt::zero(o);
             start_rows();
             close_rows(t);
-            store_output(t);
+            store_output(t, qs);
+            if constexpr (O_IN_Q<D, C>) unreleased_q = qs;
             continue;
         }
         const int row0 = first_row(t);
@@ -508,7 +538,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             }
             continue;
         }
-        store_output(t);
+        store_output(t, qs);
+        if constexpr (O_IN_Q<D, C>) unreleased_q = qs;  // released at the next task's first S
     }
     if (!SERIAL && consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store

@@ -38,6 +38,7 @@ struct st_view {
     static constexpr int rows = SR, cols = SC;
     static constexpr int row_bytes = ST::row_bytes;
     static constexpr int panel_bytes = ST::panel_bytes;  // the parent's panels: a view spans them
+    static constexpr int panel_cols = ST::panel_cols;    // (a TMA copy moves one panel's rows)
     ST* parent;
     int row0, col0;
 
