@@ -54,8 +54,10 @@ constexpr int SHORT_CAUSAL_D64_MAX_LEN = 2048;  // len_q up to which d64 causal 
 // Non-causal d128 with Lq and Lk both at least this long runs with three consumers. Measured
 // (session 24, back to back against cuDNN for 1-2 s, cuDNN/tk, three consumers -> two; b16 h16
 // unless given): n768 1.007 -> 1.046, n1536 1.024 -> 1.038, n3072 1.052 -> 1.043, b8 n6144
-// 1.066 -> 1.031 (3856 -> 3982 us), b4 n12288 1.066 -> 1.028 (7560 -> 7841 us). Causal stays
-// with two: with three its loop spills (ptxas).
+// 1.066 -> 1.031 (3856 -> 3982 us), b4 n12288 1.066 -> 1.028 (7560 -> 7841 us); with O staged
+// in the Q rows (O_IN_Q, session 25, 2 s turns, two rounds) b8 n6144 1.078-1.080 (3881-3895 us,
+// one Q buffer 3939-3944, two consumers 4051-4063), b4 n12288 1.068-1.076. Causal stays with
+// two: with three its loop spills (ptxas).
 constexpr int THREE_CONSUMER_D128_MIN_LEN = 3072;
 constexpr int BLOCK_N = 128;               // keys per tile
 constexpr int PRODUCER_REGISTERS = 24;
@@ -68,9 +70,9 @@ constexpr float LOG2E = 1.4426950408889634f;
 template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
-// d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the exponentials in the
-// d128 loop (SASS), and the d128 forward measured 1-2% slower on every non-causal config,
-// split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
+// d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the
+// exponentials in the d128 loop (SASS), and the d128 forward measured 1-2% slower on every
+// non-causal config, split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
 // 814); with the pieces in a launch of their own the loop kept its schedule, but the split's
 // fixed cost (7-9 us) outweighed the d128 last rounds it replaced (benchmarks/NOTES.md). d64:
 // 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259 us).
