@@ -449,10 +449,10 @@ def test_opcheck(shapes, kernel):
 # ---- the op's own checks (direct callers of torch.ops.tk.attention_fwd) --------------------
 
 
-def _direct(q=None, k=None, v=None):
+def _direct(q=None, k=None, v=None, scale=0.125):
     base = make_qkv(1, 4, 4, 32, 32, 64, torch.bfloat16)
     q, k, v = (given if given is not None else default for given, default in zip((q, k, v), base))
-    return torch.ops.tk.attention_fwd(q, k, v, False, 0.125)
+    return torch.ops.tk.attention_fwd(q, k, v, False, scale)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -470,6 +470,8 @@ def _direct(q=None, k=None, v=None):
     (lambda: _direct(q=randn((1, 6, 32, 64), torch.bfloat16)), r"q heads \(6\) must be a multiple"),
     (lambda: _direct(k=randn((1, 4, 0, 64), torch.bfloat16)), "k must not be empty"),
     (lambda: _direct(q=randn((4, 32, 64), torch.bfloat16)), "q must be 4-D"),
+    (lambda: _direct(scale=-0.125), "scale must be finite and positive"),
+    (lambda: _direct(scale=0.0), "scale must be finite and positive"),
     (lambda: torch.ops.tk.attention_fwd(*make_qkv(1, 4, 4, 32, 16, 64, torch.bfloat16), False,
                                         0.125, True), "lower_right=True needs is_causal=True"),
 ])

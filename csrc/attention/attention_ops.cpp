@@ -136,7 +136,9 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
                 head_dim, ")");
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
                 head_dim, ")");
-    TORCH_CHECK(std::isfinite(scale), kOp, "scale must be finite, got ", scale);
+    // The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
+    // positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
+    TORCH_CHECK(std::isfinite(scale) && scale > 0, kOp, "scale must be finite and positive, got ", scale);
     const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
