@@ -72,10 +72,11 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
 // d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the
 // exponentials in the d128 loop (SASS), and the d128 forward measured 1-2% slower on every
-// non-causal config, split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA b8 hq32 n2048 807 ->
-// 814); with the pieces in a launch of their own the loop kept its schedule, but the split's
-// fixed cost (7-9 us) outweighed the d128 last rounds it replaced (benchmarks/NOTES.md). d64:
-// 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144 2335 -> 2259 us).
+// non-causal config, split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA
+// b8 hq32 n2048 807 -> 814); with the pieces in a launch of their own the loop kept its
+// schedule, but the split's fixed cost (7-9 us) outweighed the d128 last rounds it replaced
+// (benchmarks/NOTES.md). d64: 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144
+// 2335 -> 2259 us). Three consumers at d128 split (their loop is serial, see below).
 template <int D, int C = 2> constexpr bool SPLITS_LAST_ROUND = D <= 64 || C == 3;
 
 // d128 with three consumer warpgroups (as TK's kernel): at 160 registers a consumer cannot hold
@@ -225,6 +226,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                 kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
                 // stage frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
+                // (Serial steps need V_j before K_{j+1}, yet the order K_0, V_0, K_1, V_1 made
+                // the three-consumer kernel 2.5% slower, session 25.)
                 auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
                                 const CUtensorMap* map, int j) {
                     const int n = ring + j, s = n % ST;
