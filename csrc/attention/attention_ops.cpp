@@ -75,6 +75,12 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     }
 }
 
+// The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
+// positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
+void check_scale(double scale, const char* op) {
+    TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
+}
+
 // The kernels' causal diagonal (forward_params.h: key j visible to query i iff
 // j <= i + causal_offset): 0 is SDPA's is_causal (top-left), Lk - Lq its causal_lower_right.
 int causal_offset(bool is_causal, bool lower_right, int64_t len_q, int64_t len_kv, const char* op) {
@@ -136,9 +142,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
                 head_dim, ")");
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
                 head_dim, ")");
-    // The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
-    // positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
-    TORCH_CHECK(std::isfinite(scale) && scale > 0, kOp, "scale must be finite and positive, got ", scale);
+    check_scale(scale, kOp);
     const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
@@ -205,7 +209,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                     lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q && lse.size(2) == len_q,
                 op, "lse must be the forward's float32 (batch, heads_q, len_q) tensor on q's device, got ",
                 lse.sizes(), " ", lse.scalar_type());
-    TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
+    check_scale(scale, op);
     const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, op);
 
     const c10::cuda::CUDAGuard device_guard(q.device());

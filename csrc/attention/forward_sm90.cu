@@ -335,34 +335,31 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         guard_empty_rows(row_sum);
         kt::copy(divisor, row_sum);
     };
-    // A task's O (complete) / divisor into this warpgroup's staging tile, one TMA store (clipped
-    // at Lq); the previous task's store must have finished reading the tile first. O_IN_Q: the
-    // tile is this warpgroup's rows of the task's Q buffer `qs` (its last S is done, and the
-    // last store out of that buffer was read before the producer refilled it, release_q).
+    // A task's O (complete) / divisor into this warpgroup's staging rows, one TMA store (clipped
+    // at Lq). The rows: its own tile, once the previous task's store has read it; or (O_IN_Q)
+    // its 64 rows of the task's Q buffer `qs`, free once every warp of it is past its last S
+    // (the first sync), and the last store out of that buffer was read before the producer
+    // refilled it (release_q).
     auto store_output = [&](const Task& t, int qs) {
         kt::div_row(o, o, divisor);
         kt::rt<T, 16, D> o_out;
         kt::copy(o_out, o);
         const kt::coord at{t.b, t.h, t.q_block * CONSUMERS + consumer, 0};
-        if constexpr (O_IN_Q<D, C>) {
-            kt::warpgroup::sync(1 + consumer);  // every warp of this warpgroup is past its last S
-            kt::store(kt::subtile<16, D>(sh.q[qs], consumer * 4 + warp, 0), o_out);
+        auto stage_and_store = [&](auto& tile, int row_tile) {  // rows from 16 * row_tile on
+            kt::warpgroup::sync(1 + consumer);
+            kt::store(kt::subtile<16, D>(tile, row_tile + warp, 0), o_out);
             kt::fence_async_proxy();
             kt::warpgroup::sync(1 + consumer);
             if (issuer) {
-                kt::tma::store_async(&g.o_map, kt::subtile<64, D>(sh.q[qs], consumer, 0), at);
+                kt::tma::store_async(&g.o_map, kt::subtile<64, D>(tile, row_tile / 4, 0), at);
                 kt::tma::store_commit();
             }
+        };
+        if constexpr (O_IN_Q<D, C>) {
+            stage_and_store(sh.q[qs], consumer * 4);
         } else {
             if (issuer) kt::tma::store_wait_read<0>();
-            kt::warpgroup::sync(1 + consumer);
-            kt::store(kt::subtile<16, D>(sh.o[consumer], warp, 0), o_out);
-            kt::fence_async_proxy();
-            kt::warpgroup::sync(1 + consumer);
-            if (issuer) {
-                kt::tma::store_async(&g.o_map, sh.o[consumer], at);
-                kt::tma::store_commit();
-            }
+            stage_and_store(sh.o[consumer], 0);
         }
     };
     // O_IN_Q: the Q buffer of this warpgroup's last O store, until that store has read it.
