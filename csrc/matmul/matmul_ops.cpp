@@ -98,6 +98,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b) {
     p.n = static_cast<int>(b.size(2));
     p.dtype = dtype;
     p.multiprocessors = multiprocessor_count();
+    p.l2_bytes = l2_cache_bytes();
     at::Tensor c = at::empty({batch, p.m, p.n}, a.options());
     p.c = c.mutable_data_ptr();
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(a.device().index()).stream();

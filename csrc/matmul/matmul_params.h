@@ -27,6 +27,7 @@ struct MatmulParams {
     int batch, m, n, k;
     ElementType dtype;
     int multiprocessors;  // of the current device (torch's cached properties)
+    int64_t l2_bytes;     // the device's L2 cache
 };
 
 // TMA + wgmma kernel (sm_90a). Returns the first CUDA error (launch, tensor-map encoding

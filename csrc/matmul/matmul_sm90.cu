@@ -173,6 +173,7 @@ struct Layout {
         // Skinny tiles of a swapped product (C^T = B^T A^T, see plan_tiles and
         // swapped_operands): c is C, the tiles are of its transpose.
         bool c_transposed;
+        bool b_evict_first;  // B_EVICT_FIRST_L2_SHARE
     };
     struct task {
         int batch, m_tile, n_tile;
@@ -222,7 +223,9 @@ struct Layout {
         if constexpr (SPLIT) it += t.first_step;
         const int ab = g.a_batched ? t.batch : 0, bb = g.b_batched ? t.batch : 0;
         kt::tma::load_async(in.a, &g.a_map, A_T ? kt::coord{ab, 0, it, t.m_tile} : kt::coord{ab, 0, t.m_tile, it}, sem);
-        kt::tma::load_async(in.b, &g.b_map, B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile}, sem);
+        const kt::coord b_at = B_T ? kt::coord{bb, 0, t.n_tile, it} : kt::coord{bb, 0, it, t.n_tile};
+        if (g.b_evict_first) kt::tma::load_async(in.b, &g.b_map, b_at, sem, kt::tma::evict_first_policy());
+        else kt::tma::load_async(in.b, &g.b_map, b_at, sem);
     }
 
     __device__ static void setup(registers&, const task&) {}  // the first k-step overwrites acc
@@ -457,6 +460,21 @@ MatmulParams swapped_operands(const MatmulParams& p) {
     return q;
 }
 
+// A group of tile-rows (TILE_ROWS_PER_GROUP) rereads its rows of A for every tile-column while
+// B streams past. When those A rows take at most this share of L2, B's loads ask L2 to drop
+// their lines first, so that A stays. Measured (session 26, back to back for 2 s against cuBLAS,
+// two rounds, cuBLAS/tk time, no hint -> B evict_first): 4096^3 0.993 -> 0.998-0.999,
+// 4096x14336x4096 0.989-0.992 -> 0.998-1.001, 16384x4096x4096 1.000 -> 1.003, 8192x8192x2048
+// 1.007-1.010 -> 1.005-1.007; but 8192^3 (A rows 32 MiB) 1.002-1.007 -> 0.994-0.995, hence
+// the share. A evict_last as well gained less, A evict_last alone nothing; an explicit evict_normal policy
+// where no hint is wanted cost 8192^3 3%, so those loads go without one.
+constexpr int B_EVICT_FIRST_L2_SHARE = 3;
+template <typename T>
+bool b_evict_first(const MatmulParams& q, int rows) {
+    const int64_t group_rows = int64_t(std::min(TILE_ROWS_PER_GROUP, kt::ceil_div(q.m, rows))) * rows;
+    return group_rows * q.k * int64_t(sizeof(T)) <= q.l2_bytes / B_EVICT_FIRST_L2_SHARE;
+}
+
 // q: the problem as the kernel runs it (swapped_operands when plan.swapped); C is p.c either way.
 template <typename T, bool A_T, bool B_T, bool C_TMA, int BN, bool SPLIT, int ROWS>
 cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t stream) {
@@ -471,7 +489,7 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c, L2_PROMOTION) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
                                 kt::ceil_div(q.m, ROWS), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
-                                plan.splits, kt::ceil_div(q.k, BK), plan.swapped};
+                                plan.splits, kt::ceil_div(q.k, BK), plan.swapped, b_evict_first<T>(q, ROWS)};
 
     const int64_t tasks = plan.tiles * plan.splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;

@@ -101,6 +101,30 @@ __device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coor
     }
 }
 
+// An L2 cache policy for the bytes a load reads (createpolicy).
+struct cache_policy { uint64_t value; };
+// Lines L2 should drop before others: data a kernel streams past while it rereads other data.
+__device__ __forceinline__ cache_policy evict_first_policy() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // not volatile: may be hoisted
+    return {p};
+}
+
+// load_async with an L2 cache policy.
+template <typename ST>
+__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem, cache_policy policy) {
+    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
+#pragma unroll
+    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
+        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
+        asm volatile(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst.address(0, p * ST::panel_cols)),
+            "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem)), "l"(policy.value)
+            : "memory");
+    }
+}
+
 // dst[0, bytes) = src[0, bytes): a plain (1-D) bulk copy, no tensor map. Both addresses
 // 16-byte aligned, bytes a multiple of 16; completes on `sem` like load_async (count the bytes
 // in expect_bytes).
