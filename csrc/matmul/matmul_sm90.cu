@@ -466,8 +466,10 @@ MatmulParams swapped_operands(const MatmulParams& p) {
 // two rounds, cuBLAS/tk time, no hint -> B evict_first): 4096^3 0.993 -> 0.998-0.999,
 // 4096x14336x4096 0.989-0.992 -> 0.998-1.001, 16384x4096x4096 1.000 -> 1.003, 8192x8192x2048
 // 1.007-1.010 -> 1.005-1.007; but 8192^3 (A rows 32 MiB) 1.002-1.007 -> 0.994-0.995, hence
-// the share. A evict_last as well gained less, A evict_last alone nothing; an explicit evict_normal policy
-// where no hint is wanted cost 8192^3 3%, so those loads go without one.
+// the share. Only for wide tiles: skinny and thin ones reread the small operand and stream the
+// long one, whichever side it is. A evict_last as well gained less, A evict_last alone nothing;
+// an explicit evict_normal policy where no hint is wanted cost 8192^3 3%, so those loads go
+// without one.
 constexpr int B_EVICT_FIRST_L2_SHARE = 3;
 template <typename T>
 bool b_evict_first(const MatmulParams& q, int rows) {
@@ -489,7 +491,8 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
         if (kt::tma::cached_tensor_map<typename L::c_tile>(&c_map, c, L2_PROMOTION) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
                                 kt::ceil_div(q.m, ROWS), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
-                                plan.splits, kt::ceil_div(q.k, BK), plan.swapped, b_evict_first<T>(q, ROWS)};
+                                plan.splits, kt::ceil_div(q.k, BK), plan.swapped,
+                                BN == WIDE && !SPLIT && b_evict_first<T>(q, ROWS)};
 
     const int64_t tasks = plan.tiles * plan.splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
