@@ -85,22 +85,6 @@ CUresult make_tensor_map(CUtensorMap* map, const GL& g, CUtensorMapL2promotion p
 // arrive as zeros).
 template <typename ST> constexpr uint32_t tile_bytes() { return uint32_t(ST::rows * ST::cols * sizeof(typename ST::dtype)); }
 
-// dst = tile `at` of the tensor behind `map`; completes on `sem` (call
-// expect_bytes(sem, tile_bytes<ST>()) in the same phase).
-template <typename ST>
-__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem) {
-    const uint64_t map_address = reinterpret_cast<uint64_t>(map);
-#pragma unroll
-    for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
-        const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
-        asm volatile(
-            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-            " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst.address(0, p * ST::panel_cols)),
-            "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem))
-            : "memory");
-    }
-}
-
 // An L2 cache policy for the bytes a load reads (createpolicy).
 struct cache_policy { uint64_t value; };
 // Lines L2 should drop before others: data a kernel streams past while it rereads other data.
@@ -110,19 +94,40 @@ __device__ __forceinline__ cache_policy evict_first_policy() {
     return {p};
 }
 
-// load_async with an L2 cache policy.
-template <typename ST>
-__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem, cache_policy policy) {
+namespace detail {
+// One bulk tensor load per panel; HINT adds `policy` as the loads' L2 cache hint.
+template <bool HINT, typename ST>
+__device__ __forceinline__ void load_panels(ST& dst, const CUtensorMap* map, coord at, semaphore& sem,
+                                            cache_policy policy) {
     const uint64_t map_address = reinterpret_cast<uint64_t>(map);
 #pragma unroll
     for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
         const int c = at.c * ST::cols + p * ST::panel_cols, r = at.r * ST::rows;
-        asm volatile(
-            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst.address(0, p * ST::panel_cols)),
-            "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem)), "l"(policy.value)
-            : "memory");
+        const uint32_t panel = dst.address(0, p * ST::panel_cols), bar = shared_address(&sem);
+        if constexpr (HINT)
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(panel),
+                "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(bar), "l"(policy.value) : "memory");
+        else
+            asm volatile(
+                "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(panel),
+                "l"(map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(bar) : "memory");
     }
+}
+}  // namespace detail
+
+// dst = tile `at` of the tensor behind `map`; completes on `sem` (call
+// expect_bytes(sem, tile_bytes<ST>()) in the same phase).
+template <typename ST>
+__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem) {
+    detail::load_panels<false>(dst, map, at, sem, {});
+}
+// The same with an L2 cache policy.
+template <typename ST>
+__device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coord at, semaphore& sem, cache_policy policy) {
+    detail::load_panels<true>(dst, map, at, sem, policy);
 }
 
 // dst[0, bytes) = src[0, bytes): a plain (1-D) bulk copy, no tensor map. Both addresses
