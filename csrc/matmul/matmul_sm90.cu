@@ -492,7 +492,7 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     const typename L::globals g{a_map, b_map, c_map, c, q.batch, q.k,
                                 kt::ceil_div(q.m, ROWS), kt::ceil_div(q.n, BN), q.a.batch > 1, q.b.batch > 1,
                                 plan.splits, kt::ceil_div(q.k, BK), plan.swapped,
-                                BN == WIDE && !SPLIT && b_evict_first<T>(q, ROWS)};
+                                BN == WIDE && b_evict_first<T>(q, ROWS)};  // never split (static_assert above)
 
     const int64_t tasks = plan.tiles * plan.splits;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
