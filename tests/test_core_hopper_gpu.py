@@ -54,9 +54,10 @@ def hopper():
 TMA_CASES = [(100, 200, (1, 2, 0, 0)), (100, 200, (1, 2, 1, 1)), (100, 200, (0, 1, 2, 0))]
 
 
+@pytest.mark.parametrize("hinted", [False, True], ids=["plain", "evict-first"])  # L2 cache policy on the load
 @pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: f"{c[0]}x{c[1]}-at{c[2][2]}{c[2][3]}")
 @pytest.mark.parametrize("dtype", list(CODES), ids=dtype_id)
-def test_tma_load_store_reduce(hopper, dtype, case):
+def test_tma_load_store_reduce(hopper, dtype, case, hinted):
     rows, cols, at = case
     tile = (64, 256 // torch.empty((), dtype=dtype).element_size())
     stride = cols + 24  # row stride past the width: 48/96-byte padding keeps 16-byte alignment
@@ -66,7 +67,7 @@ def test_tma_load_store_reduce(hopper, dtype, case):
     acc_before = acc_base.clone()
     dump = nans(*tile, dtype=dtype)
     hopper.tma_round_trip(CODES[dtype], gl(with_stride(source, cols)), gl(with_stride(out_base, cols)),
-                          gl(with_stride(acc_base, cols)), gl(dump), list(at), stream())
+                          gl(with_stride(acc_base, cols)), gl(dump), list(at), hinted, stream())
     torch.cuda.synchronize()
     assert_same(dump, padded_tile(source, at, tile, rows, cols))  # zero fill outside
     expected_out = torch.full_like(source, NAN)

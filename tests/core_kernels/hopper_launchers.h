@@ -4,10 +4,11 @@
 
 namespace tk_test {
 
-// dump = TMA-loaded tile `at` of in (64 rows x 256 bytes); tile `at` of out = it (TMA
-// store); tile `at` of acc += it (TMA reduce-add).
+// dump = TMA-loaded tile `at` of in (64 rows x 256 bytes; `hinted`: loaded with an L2
+// evict_first cache policy); tile `at` of out = it (TMA store); tile `at` of acc += it (TMA
+// reduce-add).
 void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
-                    const coord_args& at, int64_t stream);
+                    const coord_args& at, bool hinted, int64_t stream);
 
 // d (64 x n, float) = a (64 x k) * op(b) [+ c] on wgmma. variant bit 0: b is k x n
 // (mma_AB) instead of n x k (mma_ABt); bit 1: a from registers.

@@ -8,12 +8,14 @@ namespace tk_test {
 template <typename T> using tma_tile = st<T, 64, 256 / int(sizeof(T))>;  // 256-byte rows: two 128-byte panels
 
 // One thread copies; the block checks the result through the tested group paths.
-//   dump = tile `at` of in (TMA load, zero fill), via a synchronous group store;
+//   dump = tile `at` of in (TMA load, zero fill; with an L2 evict_first policy when `hinted`),
+//   via a synchronous group store;
 //   tile `at` of out = the tile (TMA store, clipped);  tile `at` of acc += the tile.
 template <typename T>
 __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtensorMap in_map,
                                                   const __grid_constant__ CUtensorMap out_map,
-                                                  const __grid_constant__ CUtensorMap acc_map, gl<T> dump, coord at) {
+                                                  const __grid_constant__ CUtensorMap acc_map, gl<T> dump, coord at,
+                                                  bool hinted) {
     using ST = tma_tile<T>;
     extern __shared__ char smem[];
     shared_allocator alloc(smem);
@@ -26,7 +28,8 @@ __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtens
     __syncthreads();
     if (threadIdx.x == 0) {
         expect_bytes(sem, tma::tile_bytes<ST>());
-        tma::load_async(tile, &in_map, at, sem);
+        if (hinted) tma::load_async(tile, &in_map, at, sem, tma::evict_first_policy());
+        else tma::load_async(tile, &in_map, at, sem);
     }
     wait(sem, 0);
     warpgroup::store(dump, tile, coord{});
@@ -39,7 +42,7 @@ __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtens
 }
 
 void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
-                    const coord_args& at, int64_t stream) {
+                    const coord_args& at, bool hinted, int64_t stream) {
     with_dtype(dtype, [&]<typename T>(std::type_identity<T>) {
         using ST = tma_tile<T>;
         const int smem = shared_bytes_for<ST, semaphore>();
@@ -47,7 +50,7 @@ void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_a
         allow_shared(kernel, smem);
         kernel<<<1, 128, smem, as_stream(stream)>>>(tensor_map<ST>(make_gl<T>(in)), tensor_map<ST>(make_gl<T>(out)),
                                                     tensor_map<ST>(make_gl<T>(acc)), make_gl<T>(dump),
-                                                    make_coord(at));
+                                                    make_coord(at), hinted);
         check_launch("tma_round_trip");
     });
 }
