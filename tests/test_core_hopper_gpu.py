@@ -54,7 +54,7 @@ def hopper():
 TMA_CASES = [(100, 200, (1, 2, 0, 0)), (100, 200, (1, 2, 1, 1)), (100, 200, (0, 1, 2, 0))]
 
 
-@pytest.mark.parametrize("hinted", [False, True], ids=["plain", "evict-first"])  # L2 cache policy on the load
+@pytest.mark.parametrize("hinted", [False, True], ids=["plain", "evict-first"])  # L2 cache policy: load, store
 @pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: f"{c[0]}x{c[1]}-at{c[2][2]}{c[2][3]}")
 @pytest.mark.parametrize("dtype", list(CODES), ids=dtype_id)
 def test_tma_load_store_reduce(hopper, dtype, case, hinted):

@@ -22,9 +22,9 @@
 //   row-major transpose and fed to wgmma as an MN-major / K-major operand;
 // - the epilogue converts a consumer's 64 x BN accumulator in 64-column chunks into two
 //   alternating shared buffers and writes them with TMA stores, which clip at the matrix
-//   edge and run while the next task's wgmma starts. When C's rows are not 16-byte
-//   multiples (N % 8 != 0) TMA cannot address C, and the registers are stored directly
-//   with bounds checks instead.
+//   edge and run while the next task's wgmma starts (wide tiles' with an L2 evict_first hint,
+//   C_EVICT_FIRST). When C's rows are not 16-byte multiples (N % 8 != 0) TMA cannot address
+//   C, and the registers are stored directly with bounds checks instead.
 // - split-K: when even 128 x 128 tiles leave most SMs idle (small M or N, or a skinny
 //   product), the blocks of one tile take equal shares of its K steps. They run as one thread
 //   block cluster (at most 8 shares), so the partial sums never leave the GPC: each warp
@@ -90,6 +90,15 @@ constexpr int MIN_SHORT_STEPS = 64;
 // 16x4096x4096 and 64x4096x4096 w.mT, 1024x1024x1024..8192, 512x512x16384, 2048x2048x8192, 4096^3
 // and 4096x14336x4096 level (within 0.3%).
 constexpr CUtensorMapL2promotion L2_PROMOTION = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+// C is written once and never read back by the kernel, so wide tiles' C stores ask L2 to drop
+// their lines first, leaving room for the A rows a group rereads (as B's loads do where those
+// fit, b_evict_first). Only wide tiles: their products are large (C of 4096^3 is 32 MiB, of
+// 4096x14336x4096 112 MiB), while a small product's C may still be in L2 when the next kernel
+// reads it. Measured (session 27, back to back for 2 s against cuBLAS, two rounds, cuBLAS/tk
+// time, no hint -> C evict_first): 4096^3 0.995, 0.995 -> 1.001, 1.000; 4096x14336x4096 0.997,
+// 0.998 -> 1.004, 1.004; 8192^3 1.005, 1.001 -> 1.009, 1.007; 16384x4096x4096 1.003, 1.005 ->
+// 1.005, 1.010. B evict_first on every wide tile as well (8192^3 included) was no better.
+template <int BN> constexpr bool C_EVICT_FIRST = BN == WIDE;
 
 // A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
 // cluster's blocks), in register order: float4 f of every lane is at float4 index f * 32 + lane,
@@ -265,8 +274,9 @@ struct Layout {
                 kt::fence_async_proxy();
                 kt::warpgroup::sync(barrier);
                 if (issuer) {
-                    kt::tma::store_async(&g.c_map, buffer,
-                                         kt::coord{t.batch, 0, row_tile, t.n_tile * (BN / EPILOGUE_COLS) + q});
+                    const kt::coord at{t.batch, 0, row_tile, t.n_tile * (BN / EPILOGUE_COLS) + q};
+                    if constexpr (C_EVICT_FIRST<BN>) kt::tma::store_async(&g.c_map, buffer, at, kt::tma::evict_first_policy());
+                    else kt::tma::store_async(&g.c_map, buffer, at);
                     kt::tma::store_commit();
                 }
             }

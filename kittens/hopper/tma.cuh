@@ -141,9 +141,11 @@ __device__ __forceinline__ void load_bytes_async(void* dst, const void* src, uin
 }
 
 namespace detail {
-// One bulk tensor store per panel; ADD makes the copy engine add into global memory.
-template <bool ADD, typename ST>
-__device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& src, coord at) {
+// One bulk tensor store per panel; ADD makes the copy engine add into global memory, HINT adds
+// `policy` as the stores' L2 cache hint.
+template <bool ADD, bool HINT, typename ST>
+__device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& src, coord at, cache_policy policy) {
+    static_assert(!(ADD && HINT), "store_panels: no cache hint on reduce-add stores");
     const uint64_t map_address = reinterpret_cast<uint64_t>(map);
 #pragma unroll
     for (int p = 0; p < ST::cols / ST::panel_cols; p++) {
@@ -153,6 +155,10 @@ __device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& s
             asm volatile(
                 "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
                     map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(panel) : "memory");
+        else if constexpr (HINT)
+            asm volatile(
+                "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, {%1, %2, %3, %4}], [%5], %6;\n" ::"l"(
+                    map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(panel), "l"(policy.value) : "memory");
         else
             asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
                              map_address), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(panel) : "memory");
@@ -164,13 +170,18 @@ __device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& s
 // asynchronously: store_commit() then store_wait_read<0>() before src is reused.
 template <typename ST>
 __device__ __forceinline__ void store_async(const CUtensorMap* map, const ST& src, coord at) {
-    detail::store_panels<false>(map, src, at);
+    detail::store_panels<false, false>(map, src, at, {});
+}
+// The same with an L2 cache policy for the written lines.
+template <typename ST>
+__device__ __forceinline__ void store_async(const CUtensorMap* map, const ST& src, coord at, cache_policy policy) {
+    detail::store_panels<false, true>(map, src, at, policy);
 }
 
 // Tile `at` of the tensor += src (element-wise add done by the copy engine).
 template <typename ST>
 __device__ __forceinline__ void store_add_async(const CUtensorMap* map, const ST& src, coord at) {
-    detail::store_panels<true>(map, src, at);
+    detail::store_panels<true, false>(map, src, at, {});
 }
 
 __device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

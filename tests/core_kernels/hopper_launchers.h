@@ -4,9 +4,9 @@
 
 namespace tk_test {
 
-// dump = TMA-loaded tile `at` of in (64 rows x 256 bytes; `hinted`: loaded with an L2
-// evict_first cache policy); tile `at` of out = it (TMA store); tile `at` of acc += it (TMA
-// reduce-add).
+// dump = TMA-loaded tile `at` of in (64 rows x 256 bytes); tile `at` of out = it (TMA
+// store); tile `at` of acc += it (TMA reduce-add). `hinted`: the load and the store carry an L2
+// evict_first cache policy.
 void tma_round_trip(int dtype, const gl_args& in, const gl_args& out, const gl_args& acc, const gl_args& dump,
                     const coord_args& at, bool hinted, int64_t stream);
 

@@ -8,9 +8,9 @@ namespace tk_test {
 template <typename T> using tma_tile = st<T, 64, 256 / int(sizeof(T))>;  // 256-byte rows: two 128-byte panels
 
 // One thread copies; the block checks the result through the tested group paths.
-//   dump = tile `at` of in (TMA load, zero fill; with an L2 evict_first policy when `hinted`),
-//   via a synchronous group store;
+//   dump = tile `at` of in (TMA load, zero fill), via a synchronous group store;
 //   tile `at` of out = the tile (TMA store, clipped);  tile `at` of acc += the tile.
+// `hinted`: the load and the store carry an L2 evict_first cache policy.
 template <typename T>
 __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtensorMap in_map,
                                                   const __grid_constant__ CUtensorMap out_map,
@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(128) tma_kernel(const __grid_constant__ CUtens
     wait(sem, 0);
     warpgroup::store(dump, tile, coord{});
     if (threadIdx.x == 0) {
-        tma::store_async(&out_map, tile, at);
+        if (hinted) tma::store_async(&out_map, tile, at, tma::evict_first_policy());
+        else tma::store_async(&out_map, tile, at);
         tma::store_add_async(&acc_map, tile, at);
         tma::store_commit();
         tma::store_wait<0>();
