@@ -145,6 +145,7 @@ namespace detail {
 // `policy` as the stores' L2 cache hint.
 template <bool ADD, bool HINT, typename ST>
 __device__ __forceinline__ void store_panels(const CUtensorMap* map, const ST& src, coord at, cache_policy policy) {
+    // (PTX has a hinted reduce-add too; no caller wants one yet, so it is not written.)
     static_assert(!(ADD && HINT), "store_panels: no cache hint on reduce-add stores");
     const uint64_t map_address = reinterpret_cast<uint64_t>(map);
 #pragma unroll
