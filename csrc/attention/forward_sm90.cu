@@ -77,12 +77,12 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
 // schedule, but the split's fixed cost (7-9 us) outweighed the d128 last rounds it replaced
 // (benchmarks/NOTES.md). d64: 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144
 // 2335 -> 2259 us). Three consumers at d128 split (their loop is serial, see below).
-template <int D, int C = 2> constexpr bool SPLITS_LAST_ROUND = D <= 64 || C == 3;
+constexpr bool splits_last_round(int head_dim, int consumers) { return head_dim <= 64 || consumers == 3; }
 
 // d128 with three consumer warpgroups (as TK's kernel): at 160 registers a consumer cannot hold
 // S_j, P_{j-1} and O at once (64 + 32 + 64), so each warpgroup runs a tile start to end (S_j,
 // softmax, P_j V_j, wait) while the other two keep the tensor cores busy; and its tasks of 192
-// rows split their last round (SPLITS_LAST_ROUND: b8 h16 n6144 is 31.03 rounds of them on 132
+// rows split their last round (splits_last_round: b8 h16 n6144 is 31.03 rounds of them on 132
 // SMs). Two Q buffers (192 x 128) and two K/V stages fill shared memory, so a warpgroup stages
 // its O in its own Q rows, free once its last S is done (O_IN_Q); a Q buffer then goes back to
 // the producer when the O stores out of it have read it, at the next task's first S.
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
     constexpr int CONSUMERS = C, BLOCK_M = 64 * C;
-    constexpr bool SPLIT = !CAUSAL && SPLITS_LAST_ROUND<D, C>;
+    constexpr bool SPLIT = !CAUSAL && splits_last_round(D, C);
     constexpr bool SERIAL = SERIAL_STEPS<D, C>;
     using S = Shared<T, D, C>;
     constexpr int ST = STAGES<D>;
@@ -564,14 +564,12 @@ int consumers_for(const ForwardParams& p) {
 }
 
 // How a launch splits its last round (task_order.h); nothing when causal (the counted order
-// hands the light tasks out last), at a head dim that does not split (SPLITS_LAST_ROUND), or
+// hands the light tasks out last), at a head dim that does not split (splits_last_round), or
 // with more tasks than fit in an int.
 TailSplit tail_split(const ForwardParams& p) {
     const int consumers = consumers_for(p);
     const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers)) * p.batch * p.heads_q;
-    const bool splits = p.head_dim <= 64   ? SPLITS_LAST_ROUND<64>
-                        : consumers == 3 ? SPLITS_LAST_ROUND<128, 3>
-                                         : SPLITS_LAST_ROUND<128, 2>;
+    const bool splits = splits_last_round(p.head_dim, consumers);
     if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
     return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
 }

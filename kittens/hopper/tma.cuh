@@ -85,7 +85,7 @@ CUresult make_tensor_map(CUtensorMap* map, const GL& g, CUtensorMapL2promotion p
 // arrive as zeros).
 template <typename ST> constexpr uint32_t tile_bytes() { return uint32_t(ST::rows * ST::cols * sizeof(typename ST::dtype)); }
 
-// An L2 cache policy for the bytes a load reads (createpolicy).
+// An L2 cache policy for the bytes a copy reads or writes (createpolicy).
 struct cache_policy { uint64_t value; };
 // Lines L2 should drop before others: data a kernel streams past while it rereads other data.
 __device__ __forceinline__ cache_policy evict_first_policy() {
