@@ -36,11 +36,103 @@ __device__ __forceinline__ float exp2_on_fma(float x) {
     return __uint_as_float(__float_as_uint(two_to_f) + (__float_as_uint(rounded) << 23));
 }
 
-enum Softmax { NONE, FORWARD, NO_EXPONENTIALS };
+enum Softmax { NONE, FORWARD, NO_EXPONENTIALS, SPLIT_PV };
+
+// p = s (bf16) for column tiles [FIRST, FIRST + COUNT) only.
+template <int FIRST, int COUNT, typename P, typename S>
+__device__ __forceinline__ void convert_columns(P& p, const S& s) {
+#pragma unroll
+    for (int j = FIRST; j < FIRST + COUNT; j++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) p.tiles[0][j].data[k] = __float22bfloat162_rn(s.tiles[0][j].data[k]);
+}
+
+// O += P_half V[rows 64 FIRST_HALF ...]: P_half a 16 x 64 register tile (keys of one half),
+// the k-steps of V's rows from 64 * FIRST_HALF on (RS wgmma, V MN-major).
+template <int FIRST_HALF, typename O, typename P, typename V>
+__device__ __forceinline__ void pv_half(O& o, const P& p_half, const V& v) {
+    auto& regs = wgmma::detail::accumulator_registers(o);
+    const uint64_t v0 = wgmma::descriptor_mn_major(v);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t a[4];
+        wgmma::detail::a_fragment(a, p_half, k);
+        wgmma::detail::mma_step<T, 0, 1, 128>(
+            regs, a, layout_math::wgmma_descriptor_advance(v0, wgmma::detail::k_step<1, V>(4 * FIRST_HALF + k)), 1);
+    }
+}
+
+// The serial step with S and P in halves of 64 keys: S as two m64n64 chains (one wait), the row
+// max over both, then per half its exponentials, row sums and P, and its four P V k-steps issued
+// at once, so that the second half's exponentials run while the first half's products do.
+__global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, float* sink, int warpgroups, int stagger) {
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    Tiles& sh = alloc.allocate<Tiles>();
+    T* values = reinterpret_cast<T*>(&sh);
+    for (int i = threadIdx.x; i < int(sizeof(Tiles) / sizeof(T)); i += blockDim.x)
+        values[i] = __float2bfloat16(0.01f * ((i * 7) % 13) - 0.06f);
+    fence_async_proxy();
+    __syncthreads();
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup >= warpgroups) return;
+    const auto q = subtile<64, 128>(sh.q, warpgroup, 0);
+    const auto k_lo = subtile<64, 128>(sh.k, 0, 0), k_hi = subtile<64, 128>(sh.k, 1, 0);
+    using half_tile = rt_fl<16, 64>;
+    half_tile s_lo, s_hi;
+    rt_fl<16, 128> o;
+    rt<T, 16, 64> p_lo, p_hi;
+    typename half_tile::col_vec running_max, row_sum, new_max, shift, rescale;
+    neg_infty(running_max);
+    zero(row_sum);
+    zero(o);
+    const float c = 0.18f;
+    const long long start = clock64();
+    for (int it = 0; it < ITERATIONS; it++) {
+        wgmma::fence();
+        wgmma::mma_ABt(s_lo, q, k_lo, false);
+        wgmma::mma_ABt(s_hi, q, k_hi, false);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operand(s_lo);
+        wgmma::fence_operand(s_hi);
+        row_max(new_max, s_lo, running_max);
+        row_max(new_max, s_hi, new_max);
+        for_each_slot(rescale, [&](int t, int i, float& alpha) {
+            const float m_new = new_max.data[t][i];
+            shift.data[t][i] = m_new * c;
+            alpha = exp2f((running_max.data[t][i] - m_new) * c);
+        });
+        copy(running_max, new_max);
+        mul_row(o, o, rescale);
+        mul(row_sum, row_sum, rescale);
+        auto half = [&]<int H>(half_tile& s_half, rt<T, 16, 64>& p_half) {
+            mul(s_half, s_half, c);
+            sub_row(s_half, s_half, shift);
+            exp2(s_half, s_half);
+            row_sum_lane_partial(row_sum, s_half, row_sum);
+            copy(p_half, s_half);
+            wgmma::fence();
+            pv_half<H>(o, p_half, sh.v);
+            wgmma::commit();
+        };
+        half.template operator()<0>(s_lo, p_lo);
+        half.template operator()<1>(s_hi, p_hi);
+        wgmma::wait<0>();
+        wgmma::fence_operand(o);
+        wgmma::fence_operand(p_lo);
+        wgmma::fence_operand(p_hi);
+    }
+    const long long elapsed = clock64() - start;
+    float keep = o.tiles[0][0].data[0].x;
+    for_each_slot(row_sum, [&](int, int, float& v) { keep += v; });
+    if (keep == 12345.f) sink[threadIdx.x] = keep;
+    if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + warpgroup] = elapsed;
+}
 
 // ON_FMA: how many of each lane's 64 exponentials go to exp2_on_fma.
 template <Softmax SOFTMAX, int ON_FMA>
-__global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float* sink, int warpgroups) {
+__global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float* sink, int warpgroups, int stagger) {
     extern __shared__ char smem[];
     shared_allocator alloc(smem);
     Tiles& sh = alloc.allocate<Tiles>();
@@ -61,6 +153,9 @@ __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float*
     zero(row_sum);
     zero(o);
     const float c = 0.18f;  // scale * log2(e) at d128
+    // Warpgroup w starts w * stagger cycles after warpgroup 0 (all start together by default).
+    for (const long long t0 = clock64(); clock64() - t0 < warpgroup * stagger;) {
+    }
     const long long start = clock64();
     for (int it = 0; it < ITERATIONS; it++) {
         wgmma::fence();
@@ -105,13 +200,16 @@ __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float*
 }
 
 template <Softmax SOFTMAX, int ON_FMA = 0>
-void run(const char* name, long long* cycles, float* sink, int sms) {
+void run(const char* name, long long* cycles, float* sink, int sms, int stagger = 0) {
     const int smem = sizeof(Tiles) + 1024;
-    auto kernel = serial_steps<SOFTMAX, ON_FMA>;
+    auto kernel = [] {
+        if constexpr (SOFTMAX == SPLIT_PV) return split_pv_steps;
+        else return serial_steps<SOFTMAX, ON_FMA>;
+    }();
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     for (int warpgroups = 1; warpgroups <= 3; warpgroups++) {
         cudaMemset(cycles, 0, sizeof(long long) * 3 * sms);
-        for (int rep = 0; rep < 2; rep++) kernel<<<sms, 384, smem>>>(cycles, sink, warpgroups);
+        for (int rep = 0; rep < 2; rep++) kernel<<<sms, 384, smem>>>(cycles, sink, warpgroups, stagger);
         if (cudaError_t e = cudaDeviceSynchronize()) {
             printf("%s: %s\n", name, cudaGetErrorString(e));
             return;
@@ -120,7 +218,7 @@ void run(const char* name, long long* cycles, float* sink, int sms) {
         cudaMemcpy(host, cycles, sizeof(long long) * 3 * sms, cudaMemcpyDeviceToHost);
         for (int i = 0; i < 3 * sms; i++) most = host[i] > most ? host[i] : most;
         const double per_step = double(most) / ITERATIONS;
-        printf("%-44s %d warpgroups: %5.0f cycles a step, tensor pipe %5.1f%%\n", name, warpgroups, per_step,
+        printf("%-44s stagger %4d, %d warpgroups: %5.0f cycles a step, tensor pipe %5.1f%%\n", name, stagger, warpgroups, per_step,
                100.0 * 1024 * warpgroups / per_step);
     }
 }
@@ -138,5 +236,10 @@ int main() {
     run<NO_EXPONENTIALS>("S, softmax without exponentials, P V", cycles, sink, sms);
     run<FORWARD, 4>("S, softmax (4 of 64 exp2 on FMA), P V", cycles, sink, sms);
     run<FORWARD, 8>("S, softmax (8 of 64 exp2 on FMA), P V", cycles, sink, sms);
+    run<SPLIT_PV>("S, softmax with P V in two halves", cycles, sink, sms);
+    for (int stagger : {350, 700, 1050, 1400, 2100}) {
+        run<FORWARD>("S, softmax, P V", cycles, sink, sms, stagger);
+        run<FORWARD, 8>("S, softmax (8 of 64 exp2 on FMA), P V", cycles, sink, sms, stagger);
+    }
     return 0;
 }
