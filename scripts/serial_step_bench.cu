@@ -9,9 +9,10 @@
 //       -gencode arch=compute_90a,code=sm_90a -o /tmp/serial_step_bench scripts/serial_step_bench.cu
 //   /tmp/serial_step_bench       (on the H200: under a second)
 //
-// Session 28 (benchmarks/NOTES.md): three warpgroups took 4138-4175 cycles a step (74%), as the
-// forward itself (~4200); without the exponentials 3469 (88.5%); one warpgroup's softmax alone
-// took ~850 cycles, ~1900 with three.
+// Session 28 (benchmarks/NOTES.md): three warpgroups took 4184 cycles a step (73%), as the
+// forward itself (~4200); without the exponentials 3398-3419 (90%). Some variants are bistable
+// (8 of 64 exponentials on the FMA pipe: 3713 or 4312 with the same SASS, by how the warpgroups
+// start; see `stagger`), so read a variant's number over several starts before trusting it.
 #include <cstdio>
 
 #include "kittens/kittens.cuh"
