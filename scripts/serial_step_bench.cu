@@ -37,6 +37,31 @@ __device__ __forceinline__ float exp2_on_fma(float x) {
     return __uint_as_float(__float_as_uint(two_to_f) + (__float_as_uint(rounded) << 23));
 }
 
+// The block's shared tiles, filled with small values and visible to wgmma.
+__device__ Tiles& filled_tiles(char* smem) {
+    shared_allocator alloc(smem);
+    Tiles& sh = alloc.allocate<Tiles>();
+    T* values = reinterpret_cast<T*>(&sh);
+    for (int i = threadIdx.x; i < int(sizeof(Tiles) / sizeof(T)); i += blockDim.x)
+        values[i] = __float2bfloat16(0.01f * ((i * 7) % 13) - 0.06f);
+    fence_async_proxy();
+    __syncthreads();
+    return sh;
+}
+
+// Warpgroup w starts w * stagger cycles after warpgroup 0 (all start together by default).
+__device__ void hold_back(int warpgroup, int stagger) {
+    for (const long long t0 = clock64(); clock64() - t0 < warpgroup * stagger;) {
+    }
+}
+
+// The warpgroup's cycles out; `keep` (its results) written only if it is a value no run gives,
+// so that the compiler keeps the work that made it.
+__device__ void report(long long* cycles, float* sink, float keep, long long elapsed, int warpgroup) {
+    if (keep == 12345.f) sink[threadIdx.x] = keep;
+    if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + warpgroup] = elapsed;
+}
+
 enum Softmax { NONE, FORWARD, NO_EXPONENTIALS, SPLIT_PV };
 
 // p = s (bf16) for column tiles [FIRST, FIRST + COUNT) only.
@@ -68,13 +93,7 @@ __device__ __forceinline__ void pv_half(O& o, const P& p_half, const V& v) {
 // at once, so that the second half's exponentials run while the first half's products do.
 __global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, float* sink, int warpgroups, int stagger) {
     extern __shared__ char smem[];
-    shared_allocator alloc(smem);
-    Tiles& sh = alloc.allocate<Tiles>();
-    T* values = reinterpret_cast<T*>(&sh);
-    for (int i = threadIdx.x; i < int(sizeof(Tiles) / sizeof(T)); i += blockDim.x)
-        values[i] = __float2bfloat16(0.01f * ((i * 7) % 13) - 0.06f);
-    fence_async_proxy();
-    __syncthreads();
+    Tiles& sh = filled_tiles(smem);
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup >= warpgroups) return;
     const auto q = subtile<64, 128>(sh.q, warpgroup, 0);
@@ -88,6 +107,7 @@ __global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, floa
     zero(row_sum);
     zero(o);
     const float c = 0.18f;
+    hold_back(warpgroup, stagger);
     const long long start = clock64();
     for (int it = 0; it < ITERATIONS; it++) {
         wgmma::fence();
@@ -127,21 +147,14 @@ __global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, floa
     const long long elapsed = clock64() - start;
     float keep = o.tiles[0][0].data[0].x;
     for_each_slot(row_sum, [&](int, int, float& v) { keep += v; });
-    if (keep == 12345.f) sink[threadIdx.x] = keep;
-    if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + warpgroup] = elapsed;
+    report(cycles, sink, keep, elapsed, warpgroup);
 }
 
 // ON_FMA: how many of each lane's 64 exponentials go to exp2_on_fma.
 template <Softmax SOFTMAX, int ON_FMA>
 __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float* sink, int warpgroups, int stagger) {
     extern __shared__ char smem[];
-    shared_allocator alloc(smem);
-    Tiles& sh = alloc.allocate<Tiles>();
-    T* values = reinterpret_cast<T*>(&sh);
-    for (int i = threadIdx.x; i < int(sizeof(Tiles) / sizeof(T)); i += blockDim.x)
-        values[i] = __float2bfloat16(0.01f * ((i * 7) % 13) - 0.06f);
-    fence_async_proxy();
-    __syncthreads();
+    Tiles& sh = filled_tiles(smem);
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup >= warpgroups) return;
     const auto q = subtile<64, 128>(sh.q, warpgroup, 0);
@@ -154,9 +167,7 @@ __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float*
     zero(row_sum);
     zero(o);
     const float c = 0.18f;  // scale * log2(e) at d128
-    // Warpgroup w starts w * stagger cycles after warpgroup 0 (all start together by default).
-    for (const long long t0 = clock64(); clock64() - t0 < warpgroup * stagger;) {
-    }
+    hold_back(warpgroup, stagger);
     const long long start = clock64();
     for (int it = 0; it < ITERATIONS; it++) {
         wgmma::fence();
@@ -196,8 +207,7 @@ __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float*
     const long long elapsed = clock64() - start;
     float keep = o.tiles[0][0].data[0].x;  // results stay live
     for_each_slot(row_sum, [&](int, int, float& v) { keep += v; });
-    if (keep == 12345.f) sink[threadIdx.x] = keep;
-    if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + warpgroup] = elapsed;
+    report(cycles, sink, keep, elapsed, warpgroup);
 }
 
 template <Softmax SOFTMAX, int ON_FMA = 0>
