@@ -1,6 +1,7 @@
 // A model of the three-consumer d128 forward's serial step (forward_sm90.cu: SERIAL_STEPS), run on
 // fixed shared tiles with no producer and no copies, to see what the step costs on its own:
-//   S = Q K^T (SS wgmma, 8 k-steps of m64n128k16), wait, the online softmax as the forward does it,
+//   S = Q K^T (SS wgmma, 8 k-steps of m64n128k16), wait, the forward's online softmax of an
+//   unmasked tile (kittens ops, without the guard for rows that saw no key),
 //   O = O * alpha + P V (RS wgmma), wait
 // by 1, 2 or 3 warpgroups of one block per SM at once. Prints clock cycles per step and the tensor
 // pipe's share (each warpgroup's two products are 1024 cycles of it at 4096 flops a cycle).
@@ -62,16 +63,19 @@ __device__ void report(long long* cycles, float* sink, float keep, long long ela
     if (threadIdx.x % 128 == 0) cycles[blockIdx.x * 3 + warpgroup] = elapsed;
 }
 
-enum Softmax { NONE, FORWARD, NO_EXPONENTIALS, SPLIT_PV };
-
-// p = s (bf16) for column tiles [FIRST, FIRST + COUNT) only.
-template <int FIRST, int COUNT, typename P, typename S>
-__device__ __forceinline__ void convert_columns(P& p, const S& s) {
-#pragma unroll
-    for (int j = FIRST; j < FIRST + COUNT; j++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) p.tiles[0][j].data[k] = __float22bfloat162_rn(s.tiles[0][j].data[k]);
+// The start of the online softmax, as the forward's for rows that have seen a key (the model
+// has no masked or empty rows): the new running max (already in new_max), each row's shift
+// (max * c) and the factor alpha that O and the row sums are rescaled by.
+template <typename V>
+__device__ __forceinline__ void row_shift_and_rescale(V& shift, V& rescale, const V& running_max, const V& new_max, float c) {
+    for_each_slot(rescale, [&](int t, int i, float& alpha) {
+        const float m_new = new_max.data[t][i];
+        shift.data[t][i] = m_new * c;
+        alpha = exp2f((running_max.data[t][i] - m_new) * c);
+    });
 }
+
+enum Softmax { NONE, FORWARD, NO_EXPONENTIALS, SPLIT_PV };
 
 // O += P_half V[rows 64 FIRST_HALF ...]: P_half a 16 x 64 register tile (keys of one half),
 // the k-steps of V's rows from 64 * FIRST_HALF on (RS wgmma, V MN-major).
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, floa
     neg_infty(running_max);
     zero(row_sum);
     zero(o);
-    const float c = 0.18f;
+    const float c = 0.18f;  // scale * log2(e) at d128
     hold_back(warpgroup, stagger);
     const long long start = clock64();
     for (int it = 0; it < ITERATIONS; it++) {
@@ -119,11 +123,7 @@ __global__ void __launch_bounds__(384, 1) split_pv_steps(long long* cycles, floa
         wgmma::fence_operand(s_hi);
         row_max(new_max, s_lo, running_max);
         row_max(new_max, s_hi, new_max);
-        for_each_slot(rescale, [&](int t, int i, float& alpha) {
-            const float m_new = new_max.data[t][i];
-            shift.data[t][i] = m_new * c;
-            alpha = exp2f((running_max.data[t][i] - m_new) * c);
-        });
+        row_shift_and_rescale(shift, rescale, running_max, new_max, c);
         copy(running_max, new_max);
         mul_row(o, o, rescale);
         mul(row_sum, row_sum, rescale);
@@ -177,11 +177,7 @@ __global__ void __launch_bounds__(384, 1) serial_steps(long long* cycles, float*
         wgmma::fence_operand(s);
         if constexpr (SOFTMAX != NONE) {
             row_max(new_max, s, running_max);
-            for_each_slot(rescale, [&](int t, int i, float& alpha) {
-                const float m_new = new_max.data[t][i];
-                shift.data[t][i] = m_new * c;
-                alpha = exp2f((running_max.data[t][i] - m_new) * c);
-            });
+            row_shift_and_rescale(shift, rescale, running_max, new_max, c);
             mul(s, s, c);
             sub_row(s, s, shift);
             if constexpr (SOFTMAX == FORWARD) {
