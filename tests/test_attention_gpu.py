@@ -288,7 +288,12 @@ def test_batch_times_heads_beyond_grid_limit(shape_q, shape_kv, causal, kernel):
 # only with three consumer warpgroups (non-causal, Lq and Lk >= 3072; also 192-row tasks): 8
 # heads of 17 query blocks are 136 tasks, a full round and 4 more; 32 heads of 17 blocks (GQA)
 # are 4 full rounds and 16 more, so each block runs four whole tasks and then a piece; the
-# other cases run it unsplit.
+# other cases run it unsplit. Those have 17 query blocks per head; with an even number (3300:
+# 18, 4097: 22) and an even SM count, the three-consumer d128 kernel runs in clusters of two
+# blocks that take neighbouring tasks and share their K/V tiles (forward_sm90.cu: paired_tasks),
+# pieces paired by share: 36 tasks in 72 pieces (fewer tasks than SMs), 144 tasks (a full
+# round and 12 more, in 48 pieces), GQA 576 (4 rounds and 48 more, in 96 pieces), and 132
+# tasks (one round, nothing split).
 def _split_cases():
     sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
     return [  # batch, heads_q, heads_kv, len_q, len_kv
@@ -297,6 +302,10 @@ def _split_cases():
         (2, 8, 2, 128, 2000),
         (1, 8, 8, 3100, 3100),
         (2, 16, 4, 3100, 3200),
+        (1, 2, 2, 3300, 3100),
+        (1, 8, 8, 3300, 3300),
+        (2, 16, 4, 3300, 3200),
+        (1, 6, 6, 4097, 3500),
     ]
 
 

@@ -132,13 +132,17 @@ struct Task {
     int b, h, h_kv, q_block, tiles, unmasked, first_tile, piece;
 };
 
-template <int BLOCK_M, bool CAUSAL, bool SPLIT, typename G>
+template <int BLOCK_M, bool CAUSAL, bool SPLIT, bool PAIRED, typename G>
 __device__ __forceinline__ Task task_at(int index, const G& g) {
     const int q_blocks = kt::ceil_div(g.len_q, BLOCK_M);
     Task t;
     t.first_tile = 0, t.piece = -1;
     if (SPLIT && index >= g.whole_tasks) {  // a piece of task whole_tasks + piece / 2^piece_shift
         t.piece = index - g.whole_tasks;
+        if (PAIRED) {  // pieces 2i and 2i + 1: the same share of two neighbouring tasks (same keys)
+            const int pair = t.piece >> 1, share = pair & ((1 << g.piece_shift) - 1);
+            t.piece = ((((pair >> g.piece_shift) << 1) | (t.piece & 1)) << g.piece_shift) | share;
+        }
         index = g.whole_tasks + (t.piece >> g.piece_shift);
     }
     int bh;
@@ -169,7 +173,11 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     return t;
 }
 
-template <typename T, int D, bool CAUSAL, int C>
+// CLUSTER = 2 (PAIRED): blocks 2i and 2i + 1 form a cluster and take tasks 2t and 2t + 1,
+// which read the same key tiles (the host launches it so only then, paired_tasks); each block
+// loads half of every K/V tile's panels into both blocks (TMA multicast), so L2 sends each tile
+// once per pair, and a stage is free once the consumers of both blocks released it.
+template <typename T, int D, bool CAUSAL, int C, int CLUSTER>
 __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     forward_kernel_sm90(const __grid_constant__ Globals<T, D> g) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -178,6 +186,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     constexpr int CONSUMERS = C, BLOCK_M = 64 * C;
     constexpr bool SPLIT = !CAUSAL && splits_last_round(D, C);
     constexpr bool SERIAL = SERIAL_STEPS<D, C>;
+    constexpr bool PAIRED = CLUSTER > 1;
     using S = Shared<T, D, C>;
     constexpr int ST = STAGES<D>;
     extern __shared__ char smem[];
@@ -196,12 +205,15 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         for (int s = 0; s < ST; s++) {
             kt::init_semaphore(sh.k_full[s], 1);
             kt::init_semaphore(sh.v_full[s], 1);
-            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4);
-            kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4);
+            // one arrival per consumer warp of every block whose copies fill this block's stage
+            kt::init_semaphore(sh.k_empty[s], CONSUMERS * 4 * CLUSTER);
+            kt::init_semaphore(sh.v_empty[s], CONSUMERS * 4 * CLUSTER);
         }
         kt::fence_semaphore_init();
     }
-    __syncthreads();
+    // Paired: no block's copies or arrivals may reach the other's semaphores before they exist.
+    if constexpr (PAIRED) kt::cluster::sync();
+    else __syncthreads();
 
     // Persistent: block x takes task x, then (equal-sized non-causal tasks) x + grid, x + 2 grid,
     // ..., or (causal tasks of uneven size) the next unclaimed one from a global counter. The
@@ -209,6 +221,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // task (its Q in the other buffer, its first K/V tiles in the ring) while the consumers
     // finish the current one. K/V ring positions count on across tasks (`ring`).
     const int warpgroup = kt::warpgroup_id();
+    const int rank = PAIRED ? kt::cluster::rank() : 0;
     if (warpgroup == CONSUMERS) {  // producer
         kt::decrease_registers<PRODUCER_REGISTERS>();
         if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
@@ -221,7 +234,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                     kt::arrive(sh.q_full[qs]);
                     break;
                 }
-                const Task t = task_at<BLOCK_M, CAUSAL, SPLIT>(index, g);
+                const Task t = task_at<BLOCK_M, CAUSAL, SPLIT, PAIRED>(index, g);
                 kt::expect_bytes(sh.q_full[qs], kt::tma::tile_bytes<typename S::q_tile>());
                 kt::tma::load_async(sh.q[qs], &g.q_map, kt::coord{t.b, t.h, t.q_block, 0}, sh.q_full[qs]);
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
@@ -233,7 +246,15 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                     const int n = ring + j, s = n % ST;
                     if (n >= ST) kt::wait(empty[s], (n / ST - 1) % 2);
                     kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
-                    kt::tma::load_async(tiles_of[s], map, kt::coord{t.b, t.h_kv, t.first_tile + j, 0}, full[s]);
+                    const kt::coord at{t.b, t.h_kv, t.first_tile + j, 0};
+                    if constexpr (PAIRED) {  // this block's panels, into both blocks
+                        constexpr int PANELS = S::kv_tile::cols / S::kv_tile::panel_cols;
+                        static_assert(PANELS % CLUSTER == 0, "forward: K/V panels do not split over the cluster");
+                        for (int panel = rank; panel < PANELS; panel += CLUSTER)
+                            kt::tma::load_panel_multicast(tiles_of[s], map, at, panel, full[s], (1 << CLUSTER) - 1);
+                    } else {
+                        kt::tma::load_async(tiles_of[s], map, at, full[s]);
+                    }
                 };
                 for (int j = 0; j < t.tiles; j++) {
                     load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
@@ -267,9 +288,13 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     constexpr int PAIR = 2 * 4 * kt::WARP_THREADS;  // the waiting and the arriving warpgroup
     auto my_turn = [&] { kt::warpgroup::sync_with<PAIR>(4 + consumer); };
     auto pass_turn = [&] { kt::warpgroup::arrive_at<PAIR>(4 + (consumer + 1) % CONSUMERS); };
-    auto release = [&](kt::semaphore& empty) {
+    auto release = [&](kt::semaphore& empty) {  // a K/V stage (paired: in both blocks)
         __syncwarp();
-        if (kt::lane_id() == 0) kt::arrive(empty);
+        if constexpr (PAIRED) {
+            if (kt::lane_id() < CLUSTER) kt::cluster::arrive_at(empty, kt::lane_id());
+        } else {
+            if (kt::lane_id() == 0) kt::arrive(empty);
+        }
     };
     if (!SERIAL && consumer == CONSUMERS - 1) pass_turn();  // warpgroup 0 goes first
 
@@ -513,7 +538,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         // causal tile, session 11).
         const int index = __reduce_min_sync(0xffffffffu, sh.task_index[qs]);
         if (index < 0) break;  // no more tasks
-        const Task t = task_at<BLOCK_M, CAUSAL, SPLIT>(index, g);
+        const Task t = task_at<BLOCK_M, CAUSAL, SPLIT, PAIRED>(index, g);
         if (t.tiles == 0) {  // no visible key (lower-right causal, Lq > Lk): O = 0, lse = -inf
             release_q();
             if constexpr (!O_IN_Q<D, C>) kt::arrive(sh.q_empty[qs]);
@@ -545,6 +570,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     }
     if (!SERIAL && consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
     if (issuer) kt::tma::store_wait<0>();  // the staging tile outlives the store
+    // Paired: the other block's consumers arrive on this block's semaphores up to their last
+    // stage, so neither block leaves before both are done.
+    if constexpr (PAIRED) kt::cluster::sync();
 #endif
 }
 
@@ -573,6 +601,16 @@ TailSplit tail_split(const ForwardParams& p) {
     if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
     return split_last_round(tasks, p.multiprocessors, kt::ceil_div(p.len_kv, BLOCK_N));
 }
+
+// Which launches run in clusters of two sharing K/V (forward_kernel_sm90's CLUSTER): the
+// long non-causal d128 ones (three consumers), where L2 sends each K/V tile to every one of
+// the 132 blocks.
+template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEPS<D, C> && !CAUSAL;
+// Whether tasks 2t and 2t + 1 read the same keys, and blocks 2i and 2i + 1 take them together:
+// a head's query blocks are an even number (so a pair never straddles two heads; the split's
+// pieces pair up by share, task_at), and so are the SMs (so the grid, and the whole tasks before
+// the split, are even).
+bool paired_tasks(const ForwardParams& p, int q_blocks) { return q_blocks % 2 == 0 && p.multiprocessors % 2 == 0; }
 
 // The kernel with C consumer warpgroups.
 template <typename T, int D, bool CAUSAL, int C>
@@ -628,12 +666,21 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
 
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "forward: shared memory over the sm_90 limit");
-    auto kernel = forward_kernel_sm90<T, D, CAUSAL, C>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     const int sms = p.multiprocessors;
     if (sms <= 0) return cudaErrorInvalidDevice;
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
-    kernel<<<blocks, (C + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);
+    constexpr int threads = (C + 1) * 4 * kt::WARP_THREADS;
+    if constexpr (PAIRS_SHARE_KV<D, CAUSAL, C>) {
+        if (paired_tasks(p, q_blocks)) {
+            auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 2>;
+            if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+            const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
+            return cudaLaunchKernelEx(&launch.config, kernel, g);
+        }
+    }
+    auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 1>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    kernel<<<blocks, threads, smem, stream>>>(g);
     return cudaGetLastError();
 }
 

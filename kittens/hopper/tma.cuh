@@ -130,6 +130,22 @@ __device__ __forceinline__ void load_async(ST& dst, const CUtensorMap* map, coor
     detail::load_panels<true>(dst, map, at, sem, policy);
 }
 
+// Panel `panel` of load_async's tile, copied into several blocks of a cluster at once
+// (multicast): it lands at the same shared-memory offset, and completes on the semaphore at
+// the same offset, in every block whose rank is a bit of `blocks`, for one read of L2. Blocks
+// that share a tile each load some of its panels this way; each block's semaphore then
+// expects the whole tile_bytes<ST>().
+template <typename ST>
+__device__ __forceinline__ void load_panel_multicast(ST& dst, const CUtensorMap* map, coord at, int panel,
+                                                     semaphore& sem, uint16_t blocks) {
+    const int c = at.c * ST::cols + panel * ST::panel_cols, r = at.r * ST::rows;
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst.address(0, panel * ST::panel_cols)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c), "r"(r), "r"(at.h), "r"(at.b), "r"(shared_address(&sem)),
+        "h"(blocks) : "memory");
+}
+
 // dst[0, bytes) = src[0, bytes): a plain (1-D) bulk copy, no tensor map. Both addresses
 // 16-byte aligned, bytes a multiple of 16; completes on `sem` like load_async (count the bytes
 // in expect_bytes).
