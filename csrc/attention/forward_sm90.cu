@@ -25,8 +25,12 @@
 // the output. Causal is key <= query + causal_offset (0: SDPA's top-left rule,
 // Lk - Lq: lower-right); keys >= Lk are never visible. A negative offset (lower-right, Lq > Lk)
 // leaves rows, even whole tasks, with no visible key: they store O = 0 and lse = -inf.
+// Long non-causal d128 launches run in clusters of two blocks that take neighbouring tasks of
+// one head and load each K/V tile once for both (TMA multicast): see PAIRS_SHARE_KV.
 #include <cuda.h>
 
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -139,10 +143,7 @@ __device__ __forceinline__ Task task_at(int index, const G& g) {
     t.first_tile = 0, t.piece = -1;
     if (SPLIT && index >= g.whole_tasks) {  // a piece of task whole_tasks + piece / 2^piece_shift
         t.piece = index - g.whole_tasks;
-        if (PAIRED) {  // pieces 2i and 2i + 1: the same share of two neighbouring tasks (same keys)
-            const int pair = t.piece >> 1, share = pair & ((1 << g.piece_shift) - 1);
-            t.piece = ((((pair >> g.piece_shift) << 1) | (t.piece & 1)) << g.piece_shift) | share;
-        }
+        if (PAIRED) t.piece = paired_piece(t.piece, g.piece_shift);  // the pair reads the same keys
         index = g.whole_tasks + (t.piece >> g.piece_shift);
     }
     int bh;
@@ -603,14 +604,40 @@ TailSplit tail_split(const ForwardParams& p) {
 }
 
 // Which launches run in clusters of two sharing K/V (forward_kernel_sm90's CLUSTER): the
-// long non-causal d128 ones (three consumers), where L2 sends each K/V tile to every one of
-// the 132 blocks.
+// long non-causal d128 ones (three consumers). They run at the power cap, where time follows
+// energy per call, and L2 sending every K/V tile to each block is a part of that energy
+// (session 29: without K/V loads a call took 3-6% less time at a 6-10% higher clock). Shared
+// by pairs, L2 sends each tile half as often: measured (session 30, 1.5 s turns against cuDNN,
+// two rounds, us per call) b8 h16 n6144 3816-3832 -> 3767-3791, b16 h16 n3072 1979-1981 ->
+// 1958, the clock 1605-1650 -> 1650-1665 MHz.
 template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEPS<D, C> && !CAUSAL;
 // Whether tasks 2t and 2t + 1 read the same keys, and blocks 2i and 2i + 1 take them together:
 // a head's query blocks are an even number (so a pair never straddles two heads; the split's
 // pieces pair up by share, task_at), and so are the SMs (so the grid, and the whole tasks before
 // the split, are even).
 bool paired_tasks(const ForwardParams& p, int q_blocks) { return q_blocks % 2 == 0 && p.multiprocessors % 2 == 0; }
+
+// Whether `blocks` blocks of `kernel` (one per SM) run at once in clusters of two: a cluster
+// lives in one GPC, so each GPC with an odd number of SMs leaves one out, and a grid of one
+// block per SM would then need a second round. The driver is asked once per device (after the
+// kernel's shared-memory attribute is set); false if it cannot say.
+template <typename Kernel>
+bool pairs_fit(Kernel kernel, int threads, int smem, int blocks) {
+    static std::mutex mutex;
+    static std::map<int, int> clusters_at_once;  // device -> clusters of two
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto [at, added] = clusters_at_once.try_emplace(device, 0);
+    if (added) {
+        const kt::cluster::launch_config launch(2, 2, threads, smem);
+        if (cudaOccupancyMaxActiveClusters(&at->second, kernel, &launch.config) != cudaSuccess) {
+            at->second = 0;
+            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
+        }
+    }
+    return 2 * at->second >= blocks;
+}
 
 // The kernel with C consumer warpgroups.
 template <typename T, int D, bool CAUSAL, int C>
@@ -671,11 +698,13 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     const unsigned blocks = unsigned(tasks < sms ? tasks : sms);  // persistent: one block per SM
     constexpr int threads = (C + 1) * 4 * kt::WARP_THREADS;
     if constexpr (PAIRS_SHARE_KV<D, CAUSAL, C>) {
+        auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 2>;
         if (paired_tasks(p, q_blocks)) {
-            auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 2>;
             if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-            const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
-            return cudaLaunchKernelEx(&launch.config, kernel, g);
+            if (pairs_fit(kernel, threads, smem, int(blocks))) {
+                const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
+                return cudaLaunchKernelEx(&launch.config, kernel, g);
+            }
         }
     }
     auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 1>;

@@ -94,6 +94,18 @@ inline TailSplit split_last_round(int64_t tasks, int grid, int tiles_per_task) {
     return {int(tasks - left), int(left), shift};
 }
 
+// The forward in clusters of two (forward_sm90.cu: PAIRED) runs pieces 2i and 2i + 1 on the two
+// blocks of a cluster, which share their K/V tiles: those two must be the same share of two
+// neighbouring split tasks. Returns the piece, in the order above (task-major: task k's shares
+// are k * 2^shift + 0 .. 2^shift - 1), that the `index`-th piece in cluster order is:
+// neighbouring tasks 2m and 2m + 1 go share by share, interleaved. (A bijection on
+// [0, split_tasks * 2^shift) when split_tasks is even.)
+KITTENS_HOST_DEVICE int paired_piece(int index, int shift) {
+    const int pair = index >> 1, share = pair & ((1 << shift) - 1);
+    const int task = ((pair >> shift) << 1) | (index & 1);
+    return (task << shift) | share;
+}
+
 // The key tiles [first, end) of piece `piece` (0 .. 2^shift - 1) of a task with `tiles` tiles:
 // equal shares, differing by one tile at most.
 struct TileRange {

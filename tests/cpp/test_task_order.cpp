@@ -102,7 +102,39 @@ static void check_split(int64_t tasks, int grid, int tiles) {
     CHECK(tiles - largest >= MIN_TILES_SAVED, "K%d, %d pieces: the longest has %d tiles", tiles, pieces, largest);
 }
 
+// The clustered forward's piece order (paired_piece) for `split_tasks` (even) tasks in
+// 2^shift pieces: every piece once, and pieces 2i and 2i + 1 the same share of tasks 2m and 2m + 1.
+static void check_paired_pieces(int split_tasks, int shift) {
+    const int pieces = split_tasks << shift;
+    std::vector<int> seen(pieces, 0);
+    for (int i = 0; i < pieces; i++) {
+        const int piece = paired_piece(i, shift);
+        CHECK(piece >= 0 && piece < pieces, "S%d shift %d: index %d -> piece %d", split_tasks, shift, i, piece);
+        if (piece < 0 || piece >= pieces) continue;
+        seen[piece]++;
+        if (i % 2 == 1) {
+            const int other = paired_piece(i - 1, shift), mask = (1 << shift) - 1;
+            CHECK((other & mask) == (piece & mask) && (other >> shift) % 2 == 0 && (piece >> shift) == (other >> shift) + 1,
+                  "S%d shift %d: index %d pairs piece %d with %d", split_tasks, shift, i, other, piece);
+        }
+    }
+    for (int piece = 0; piece < pieces; piece++)
+        CHECK(seen[piece] == 1, "S%d shift %d: piece %d taken %d times", split_tasks, shift, piece, seen[piece]);
+}
+
 int main() {
+    for (int split_tasks = 2; split_tasks <= 40; split_tasks += 2)
+        for (int shift = 0; shift <= MAX_PIECE_SHIFT; shift++) check_paired_pieces(split_tasks, shift);
+    // The clustered forward pairs tasks 2t, 2t + 1 on an even grid: with an even number of tasks,
+    // the whole ones and the split ones are even in number too.
+    for (int grid : {2, 132, 114})
+        for (int64_t tasks = 2; tasks <= 3 * grid + 2; tasks += 2)
+            for (int tiles : {24, 32, 48}) {
+                const TailSplit split = split_last_round(tasks, grid, tiles);
+                CHECK(split.whole_tasks % 2 == 0 && split.split_tasks % 2 == 0, "T%lld G%d K%d: %d whole, %d split",
+                      (long long)tasks, grid, tiles, split.whole_tasks, split.split_tasks);
+            }
+
     for (int grid : {1, 7, 132, 114})
         for (int64_t tasks = 1; tasks <= 3 * grid + 1; tasks++)
             for (int tiles : {1, 4, 7, 8, 9, 16, 33, 64, 257, 4096}) check_split(tasks, grid, tiles);
