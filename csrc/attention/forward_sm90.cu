@@ -610,8 +610,11 @@ TailSplit tail_split(const ForwardParams& p) {
 // energy per call, and L2 sending every K/V tile to each block is a part of that energy
 // (session 29: without K/V loads a call took 3-6% less time at a 6-10% higher clock). Shared
 // by pairs, L2 sends each tile half as often: measured (session 30, 1.5 s turns against cuDNN,
-// two rounds, us per call) b8 h16 n6144 3816-3832 -> 3767-3791, b16 h16 n3072 1979-1981 ->
-// 1958, the clock 1605-1650 -> 1650-1665 MHz.
+// two rounds, us per call) b8 h16 n6144 3816-3832 -> 3767-3791 (another machine: 3873-3897 ->
+// 3850-3854), b16 h16 n3072 1979-1981 -> 1958, the clock 1605-1650 -> 1650-1665 MHz. Not the
+// other non-causal launches: paired, d64 (three consumers, K from one block and V from the
+// other) took 2% more time (b16 h16 n3072 1265 -> 1288-1294 us) and two-consumer d128 0.7%
+// more (b16 h16 n1536 537-538 -> 541-543).
 template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEPS<D, C> && !CAUSAL;
 // Whether tasks 2t and 2t + 1 read the same keys, and blocks 2i and 2i + 1 take them together:
 // a head's query blocks are an even number (so a pair never straddles two heads; the split's
