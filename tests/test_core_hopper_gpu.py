@@ -1,6 +1,7 @@
 """GPU unit tests of the Hopper layer of the tile core (kittens/hopper/): TMA loads, stores
 and reduce-adds of partial tiles, wgmma against torch, a two-stage TMA pipeline driven by
-mbarrier semaphores, and blocks of a cluster reading each other's shared memory. sm_90 only;
+mbarrier semaphores (also shared by a cluster's blocks through multicast copies and remote
+arrivals), and blocks of a cluster reading each other's shared memory. sm_90 only;
 the kernels live in tests/core_kernels/hopper_ops.cu and are JIT-built like the other core
 tests (tests/test_core_gpu.py, whose helpers are reused)."""
 
@@ -112,6 +113,20 @@ def test_semaphore_pipeline(hopper, tiles):
     out = nans(64, 64)
     hopper.semaphore_pipeline(gl(source), tiles, gl(out), stream())
     expected = source.view(tiles, 64, 64).double().sum(0)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+
+
+# (tiles, blocks, cluster size): one block alone; pairs, one panel pair each; clusters of 4, a
+# panel each; clusters of 3, block 0 copying two of the four panels; more tiles than stages.
+MULTICAST_CASES = [(7, 1, 1), (1, 2, 2), (2, 4, 2), (33, 4, 2), (7, 8, 4), (32, 6, 3)]
+
+
+@pytest.mark.parametrize("tiles, blocks, size", MULTICAST_CASES)
+def test_multicast_pipeline(hopper, tiles, blocks, size):
+    source = randn(tiles * 64, 128)
+    out = nans(blocks * 64, 128)
+    hopper.multicast_pipeline(gl(source), tiles, blocks, size, gl(out), stream())
+    expected = source.view(tiles, 64, 128).double().sum(0).repeat(blocks, 1)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
 
 

@@ -1,5 +1,6 @@
-// Thread block clusters (sm_90): a block's rank in its cluster, the cluster-wide barrier, and
-// reads of another block's shared memory (distributed shared memory); on the host, the launch
+// Thread block clusters (sm_90): a block's rank in its cluster, the cluster-wide barrier,
+// reads of another block's shared memory (distributed shared memory) and arrivals on another
+// block's semaphores; on the host, the launch
 // configuration of a clustered grid. The blocks of a cluster run at the same time on one GPC,
 // so they can exchange results through shared memory instead of global memory, fences and
 // counters.
@@ -43,9 +44,9 @@ __device__ __forceinline__ uint32_t map_shared(const void* p, int rank) {
     return out;
 }
 
-// One arrival on the semaphore `s` (in this block's shared memory) has in the shared memory of
-// the cluster's block `rank`: a consumer frees a stage that another block's copies also write
-// into (TMA multicast). Release at CTA scope, as a local arrival: with .release.cluster the
+// One arrival on block `rank`'s copy of semaphore `s` (`s` is this block's; the blocks of a
+// cluster lay out their shared memory alike): a consumer frees a stage that another block's
+// copies also write into (TMA multicast). Release at CTA scope, as a local arrival: with .release.cluster the
 // paired matmul tiles of session 20 took 35-48% more time.
 __device__ __forceinline__ void arrive_at(semaphore& s, int rank) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(map_shared(&s, rank)) : "memory");

@@ -9,6 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("tma_round_trip", &tk_test::tma_round_trip);
     m.def("wgmma", &tk_test::wgmma);
     m.def("semaphore_pipeline", &tk_test::semaphore_pipeline);
+    m.def("multicast_pipeline", &tk_test::multicast_pipeline);
     m.def("bulk_copy", &tk_test::bulk_copy);
     m.def("cluster_exchange", &tk_test::cluster_exchange);
 }

@@ -18,6 +18,11 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
 // out (64 x 64 float) = sum over the 64-row tiles of in, through a 2-stage TMA ring.
 void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_t stream);
 
+// Clusters of `size` blocks (blocks in all) each run that ring over 64 x 128 tiles of in, every
+// tile's panels copied once into all blocks of the cluster (multicast); block b's 64 rows of
+// out (blocks * 64 x 128) = the sum of the tiles.
+void multicast_pipeline(const gl_args& in, int tiles, int blocks, int size, const gl_args& out, int64_t stream);
+
 // out[0, 1024) = in[offset, offset + count) (raw float pointers) through a 1-D bulk copy into
 // shared memory; the rest of out is the shared buffer's NaN poison.
 void bulk_copy(int64_t in, int64_t offset, int count, int64_t out, int64_t stream);

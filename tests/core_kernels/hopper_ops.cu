@@ -197,6 +197,73 @@ void semaphore_pipeline(const gl_args& in, int tiles, const gl_args& out, int64_
     check_launch("semaphore_pipeline");
 }
 
+// The same ring shared by the blocks of a cluster of `size`: panel p of each tile is copied by
+// block p % size into every block at once (tma::load_panel_multicast), and each consumer warp
+// frees a stage with an arrival on that stage's empty semaphore in every block
+// (cluster::arrive_at), so no block's copy overwrites a stage that another still reads. Every
+// block sums all the tiles into its own 64 x 128 slice of out: a panel that missed a block, or
+// landed in a stage still being read, shows there.
+using multicast_tile = st<float, 64, 128>;  // four 128-byte panels
+
+__global__ void __launch_bounds__(256, 1) multicast_pipeline_kernel(const __grid_constant__ CUtensorMap in_map,
+                                                                    int tiles, gl<float> out) {
+    using ST = multicast_tile;
+    constexpr int PANELS = ST::cols / ST::panel_cols;
+    extern __shared__ char smem[];
+    shared_allocator alloc(smem);
+    auto& stages = alloc.allocate<ST[2]>();
+    auto& full = alloc.allocate<semaphore[2]>();
+    auto& empty = alloc.allocate<semaphore[2]>();
+    const int rank = cluster::rank(), size = cluster::size();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 2; s++) {
+            init_semaphore(full[s], 1);
+            init_semaphore(empty[s], 4 * size);  // one arrival per consumer warp of every block
+        }
+        fence_semaphore_init();
+    }
+    cluster::sync();  // every block's semaphores exist before any copy or arrival reaches them
+    if (warp_id() >= 4) {
+        if (threadIdx.x == 128) {
+            for (int t = 0; t < tiles; t++) {
+                const int s = t % 2;
+                if (t >= 2) wait(empty[s], (t / 2 - 1) % 2);  // every block released use t-2
+                expect_bytes(full[s], tma::tile_bytes<ST>());  // the whole tile, whoever copies it
+                for (int p = rank; p < PANELS; p += size)
+                    tma::load_panel_multicast(stages[s], &in_map, coord{0, 0, t, 0}, p, full[s],
+                                              uint16_t((1 << size) - 1));
+            }
+        }
+    } else {
+        rt_fl<16, 128> sum, x;
+        zero(sum);
+        for (int t = 0; t < tiles; t++) {
+            const int s = t % 2;
+            wait(full[s], (t / 2) % 2);
+            load(x, subtile<16, 128>(stages[s], warp_id(), 0));
+            add(sum, sum, x);
+            __syncwarp();
+            if (lane_id() < size) cluster::arrive_at(empty[s], lane_id());
+        }
+        store(out, sum, coord{0, 0, int(blockIdx.x) * 4 + warp_id(), 0});
+    }
+    cluster::sync();  // the other blocks' copies and arrivals reach this block until they are done
+}
+
+void multicast_pipeline(const gl_args& in, int tiles, int blocks, int size, const gl_args& out, int64_t stream) {
+    if (size < 1 || size > 4 || blocks <= 0 || blocks % size != 0 || tiles <= 0)
+        throw std::runtime_error("multicast_pipeline: size in [1, 4], blocks a positive multiple of it, tiles > 0");
+    using ST = multicast_tile;
+    const int smem = shared_bytes_for<ST[2], semaphore[2], semaphore[2]>();
+    auto kernel = multicast_pipeline_kernel;
+    allow_shared(kernel, smem);
+    const cluster::launch_config launch(blocks, size, 256, smem, as_stream(stream));
+    const cudaError_t e = cudaLaunchKernelEx(&launch.config, kernel, tensor_map<ST>(make_gl<float>(in)), tiles,
+                                             make_gl<float>(out));
+    if (e != cudaSuccess) throw std::runtime_error(std::string("multicast_pipeline: ") + cudaGetErrorString(e));
+    check_launch("multicast_pipeline");
+}
+
 // out[0, count) = in[offset, offset + count) (floats) through a 1-D bulk copy into shared
 // memory (tma::load_bytes_async), read back by the block with plain loads. The shared buffer
 // starts poisoned with NaN so that bytes the copy misses show in out.
