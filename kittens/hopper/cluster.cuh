@@ -1,9 +1,8 @@
 // Thread block clusters (sm_90): a block's rank in its cluster, the cluster-wide barrier,
 // reads of another block's shared memory (distributed shared memory) and arrivals on another
-// block's semaphores; on the host, the launch
-// configuration of a clustered grid. The blocks of a cluster run at the same time on one GPC,
-// so they can exchange results through shared memory instead of global memory, fences and
-// counters.
+// block's semaphores; on the host, the launch configuration of a clustered grid. The blocks of
+// a cluster run at the same time on one GPC, so they can exchange results through shared memory
+// instead of global memory, fences and counters, and share copies (TMA multicast).
 #pragma once
 #include <cuda_runtime.h>
 #include <cstdint>
