@@ -29,8 +29,6 @@
 // one head and load each K/V tile once for both (TMA multicast): see PAIRS_SHARE_KV.
 #include <cuda.h>
 
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -622,28 +620,6 @@ template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEP
 // the split, are even).
 bool paired_tasks(const ForwardParams& p, int q_blocks) { return q_blocks % 2 == 0 && p.multiprocessors % 2 == 0; }
 
-// Whether `blocks` blocks of `kernel` (one per SM) run at once in clusters of two: a cluster
-// lives in one GPC, so each GPC with an odd number of SMs leaves one out, and a grid of one
-// block per SM would then need a second round. The driver is asked once per device (after the
-// kernel's shared-memory attribute is set); false if it cannot say.
-template <typename Kernel>
-bool pairs_fit(Kernel kernel, int threads, int smem, int blocks) {
-    static std::mutex mutex;
-    static std::map<int, int> clusters_at_once;  // device -> clusters of two
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto [at, added] = clusters_at_once.try_emplace(device, 0);
-    if (added) {
-        const kt::cluster::launch_config launch(2, 2, threads, smem);
-        if (cudaOccupancyMaxActiveClusters(&at->second, kernel, &launch.config) != cudaSuccess) {
-            at->second = 0;
-            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
-        }
-    }
-    return 2 * at->second >= blocks;
-}
-
 // The kernel with C consumer warpgroups.
 template <typename T, int D, bool CAUSAL, int C>
 cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
@@ -704,12 +680,12 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     constexpr int threads = (C + 1) * 4 * kt::WARP_THREADS;
     if constexpr (PAIRS_SHARE_KV<D, CAUSAL, C>) {
         auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 2>;
-        if (paired_tasks(p, q_blocks)) {
+        // Paired only where the whole grid runs at once (else one block per SM would need a
+        // second round: each GPC with an odd number of SMs leaves one out of its clusters).
+        if (paired_tasks(p, q_blocks) && 2 * kt::cluster::clusters_at_once(kernel, 2, threads, smem) >= int(blocks)) {
             if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
-            if (pairs_fit(kernel, threads, smem, int(blocks))) {
-                const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
-                return cudaLaunchKernelEx(&launch.config, kernel, g);
-            }
+            const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
+            return cudaLaunchKernelEx(&launch.config, kernel, g);
         }
     }
     auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 1>;

@@ -35,8 +35,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "kittens/kittens.cuh"
@@ -381,34 +379,19 @@ constexpr int MAX_SPLITS = 8;
 // too) has one block per SM (its shared memory), so they all fit the same clusters.
 using ClusterProbe = Layout<kt::bf16, false, false, false, SKINNY, true>;
 
-// clusters[s]: how many clusters of s blocks (2..MAX_SPLITS) the current device runs at once. A
-// cluster lives on one GPC, so when the GPCs' SM counts are not multiples of s this is less
-// than SMs / s. Asked of the driver once per device, all sizes at once (all 0 if it cannot
-// say: then nothing is split).
+// clusters[s]: how many clusters of s blocks (2..MAX_SPLITS) the current device runs at once
+// (kt::cluster::clusters_at_once: asked of the driver once per device and size; 0 where it
+// cannot say, and then nothing is split in s shares).
 struct ClusterCapacity {
     int clusters[MAX_SPLITS + 1] = {};
 };
 ClusterCapacity cluster_capacity() {
-    static std::mutex mutex;
-    static std::map<int, ClusterCapacity> known;  // device -> capacity
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return {};
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto [at, added] = known.try_emplace(device);
-    if (added) {
-        auto kernel = kt::pipeline::kernel<ClusterProbe>;
-        constexpr int smem = kt::pipeline::shared_bytes<ClusterProbe>();
-        bool failed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess;
-        for (int size = 2; size <= MAX_SPLITS && !failed; size++) {
-            const kt::cluster::launch_config launch(size, size, kt::pipeline::threads<ClusterProbe>(), smem);
-            failed = cudaOccupancyMaxActiveClusters(&at->second.clusters[size], kernel, &launch.config) != cudaSuccess;
-        }
-        if (failed) {
-            at->second = {};
-            (void)cudaGetLastError();  // not sticky; leave no error for the launch to report
-        }
-    }
-    return at->second;
+    ClusterCapacity capacity;
+    for (int size = 2; size <= MAX_SPLITS; size++)
+        capacity.clusters[size] = kt::cluster::clusters_at_once(kt::pipeline::kernel<ClusterProbe>, size,
+                                                                kt::pipeline::threads<ClusterProbe>(),
+                                                                kt::pipeline::shared_bytes<ClusterProbe>());
+    return capacity;
 }
 
 // Shares per tile: `wanted`, down to what fits in one round of clusters (every block then has

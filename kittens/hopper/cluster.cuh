@@ -6,6 +6,9 @@
 #pragma once
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include "../common/util.cuh"
 #include "semaphore.cuh"
 
@@ -45,8 +48,8 @@ __device__ __forceinline__ uint32_t map_shared(const void* p, int rank) {
 
 // One arrival on block `rank`'s copy of semaphore `s` (`s` is this block's; the blocks of a
 // cluster lay out their shared memory alike): a consumer frees a stage that another block's
-// copies also write into (TMA multicast). Release at CTA scope, as a local arrival: with .release.cluster the
-// paired matmul tiles of session 20 took 35-48% more time.
+// copies also write into (TMA multicast). Release at CTA scope, as a local arrival: with
+// .release.cluster the paired matmul tiles of session 20 took 35-48% more time.
 __device__ __forceinline__ void arrive_at(semaphore& s, int rank) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(map_shared(&s, rank)) : "memory");
 }
@@ -77,5 +80,33 @@ struct launch_config {
     launch_config(const launch_config&) = delete;
     launch_config& operator=(const launch_config&) = delete;
 };
+
+// Host: how many clusters of `size` blocks of `kernel` (`threads` threads and `shared_bytes` of
+// dynamic shared memory each) the current device runs at once. A cluster lives on one GPC, so
+// when the GPCs' SM counts are not multiples of `size` this is less than SMs / size. Asked of
+// the driver once per device, kernel and size (setting the kernel's shared-memory attribute,
+// as its launches do), then cached; 0 if the driver cannot say (its error cleared, so that the
+// next launch does not report it).
+template <typename Kernel>
+int clusters_at_once(Kernel kernel, int size, int threads, int shared_bytes) {
+    static std::mutex mutex;
+    static std::map<std::tuple<int, const void*, int>, int> known;  // (device, kernel, size) -> clusters
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto [at, added] = known.try_emplace({device, reinterpret_cast<const void*>(kernel), size}, 0);
+    if (added) {
+        const launch_config launch(size, size, threads, shared_bytes);
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess ||
+            cudaOccupancyMaxActiveClusters(&at->second, kernel, &launch.config) != cudaSuccess) {
+            at->second = 0;
+            (void)cudaGetLastError();
+        }
+    }
+    return at->second;
+}
 
 }  // namespace kittens::cluster
