@@ -9,10 +9,6 @@ ABS_SLACK, and the same for the relative L2 error.
 """
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import pytest
@@ -22,6 +18,7 @@ import torch.nn.functional as F
 import thunderkittens as tk
 from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, attention_cases, case_id
+from fresh_process import run_in_fresh_process
 from fresh_thread import call_in_new_thread
 
 pytestmark = pytest.mark.gpu
@@ -440,10 +437,7 @@ FIRST_PAIRED_CALL_IN_A_GRAPH = """
 
 def test_paired_forward_first_called_inside_a_graph_capture():
     skip_unless_kernel_runs("sm90")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tk.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(FIRST_PAIRED_CALL_IN_A_GRAPH)], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = run_in_fresh_process(FIRST_PAIRED_CALL_IN_A_GRAPH)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 

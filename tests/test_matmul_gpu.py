@@ -14,16 +14,13 @@ they are skipped and the fallback tests check that tk.matmul is torch.matmul the
 """
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 import zlib
 
 import pytest
 import torch
 
 import thunderkittens as tk
+from fresh_process import run_in_fresh_process
 from fresh_thread import call_in_new_thread
 
 pytestmark = pytest.mark.gpu
@@ -452,10 +449,7 @@ FIRST_CALL_IN_A_GRAPH = """
 
 
 def test_split_products_first_called_inside_a_graph_capture(kernel):
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(tk.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(FIRST_CALL_IN_A_GRAPH)], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = run_in_fresh_process(FIRST_CALL_IN_A_GRAPH)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
 
 
