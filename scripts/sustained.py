@@ -64,7 +64,7 @@ def attention_pair(spec: str):
 
     def ours():
         with tk.strict():
-            return tk.attention(q, k, v, is_causal=causal)
+            return tk.attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
