@@ -92,17 +92,17 @@ template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
 template <int D, int C> constexpr bool O_IN_Q = SERIAL_STEPS<D, C>;
 
 // O *= alpha row by row, as a predicated multiply that only rows whose factor is not exactly 1
-// execute: a row whose running max did not move keeps O bit for bit, and late tiles of long rows
-// mostly move no max. Without a branch the step keeps its shape (a warp-wide skip, session 26,
-// split the softmax and was 4% slower). Used by the serial steps only: b8 h16 n6144 d128 full
-// 3765-3779 -> 3745-3752 us and b16 n3072 1945-1949 -> 1936 back to back at the power cap (less
-// energy per call); in the overlapped steps it moved the multiplies among the exponentials and
-// cost two-consumer d128 n1536 1% and d64 causal n768 4.5% (session 31).
+// execute (NaN included: an unordered compare): a row whose running max did not move keeps O bit
+// for bit, and late tiles of long rows mostly move no max. Without a branch the step keeps its
+// shape (a warp-wide skip, session 26, split the softmax and was 4% slower). Used by the serial
+// steps only: b8 h16 n6144 d128 full 3765-3779 -> 3744-3752 us and b16 n3072 1942-1949 ->
+// 1932-1936 back to back against cuDNN, at the same clock; in the overlapped steps it cost
+// two-consumer d128 n1536 1% and d64 causal n768 4.5% (session 31).
 template <typename RT>
 __device__ __forceinline__ void rescale_moved_rows(RT& o, const typename RT::col_vec& alpha) {
     kt::for_each_element(o, [&](int i, int, int k, int h, float& e) {
         const float a = alpha.data[i][kt::layout_math::row_slot(RT::frag, k, h)];
-        asm("{\n\t.reg .pred moved;\n\tsetp.ne.f32 moved, %1, 0f3F800000;\n\t@moved mul.f32 %0, %0, %1;\n\t}"
+        asm("{\n\t.reg .pred moved;\n\tsetp.neu.f32 moved, %1, 0f3F800000;\n\t@moved mul.f32 %0, %0, %1;\n\t}"
             : "+f"(e) : "f"(a));
     });
 }
