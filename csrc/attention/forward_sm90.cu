@@ -91,21 +91,20 @@ constexpr bool splits_last_round(int head_dim, int consumers) { return head_dim 
 template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
 template <int D, int C> constexpr bool O_IN_Q = SERIAL_STEPS<D, C>;
 
-// O *= alpha row by row, as a predicated multiply that only rows whose factor is not exactly 1
-// execute (NaN included: an unordered compare): a row whose running max did not move keeps O bit
-// for bit, and late tiles of long rows mostly move no max. Without a branch the step keeps its
-// shape (a warp-wide skip, session 26, split the softmax and was 4% slower). Used by the serial
-// steps only: b8 h16 n6144 d128 full 3765-3779 -> 3744-3752 us and b16 n3072 1942-1949 ->
-// 1932-1936 back to back against cuDNN, at the same clock; in the overlapped steps it cost
-// two-consumer d128 n1536 1% and d64 causal n768 4.5% (session 31).
-template <typename RT>
-__device__ __forceinline__ void rescale_moved_rows(RT& o, const typename RT::col_vec& alpha) {
-    kt::for_each_element(o, [&](int i, int, int k, int h, float& e) {
-        const float a = alpha.data[i][kt::layout_math::row_slot(RT::frag, k, h)];
+// O *= alpha row by row (kt::row_map) in the serial steps, as a predicated multiply that only
+// rows whose factor is not exactly 1 execute (NaN included: an unordered compare): a row whose
+// running max did not move keeps O bit for bit, and late tiles of long rows mostly move no max.
+// Without a branch the step keeps its shape (a warp-wide skip, session 26, split the softmax and
+// was 4% slower). Measured (session 31, back to back against cuDNN, same clock): b8 h16 n6144
+// d128 full 3765-3779 -> 3744-3752 us, b16 n3072 1942-1949 -> 1932-1936; in the overlapped steps
+// it cost two-consumer d128 n1536 1% and d64 causal n768 4.5%, so they keep kt::mul_row.
+struct mul_unless_one {
+    __device__ static float op(float x, float factor) {
         asm("{\n\t.reg .pred moved;\n\tsetp.neu.f32 moved, %1, 0f3F800000;\n\t@moved mul.f32 %0, %0, %1;\n\t}"
-            : "+f"(e) : "f"(a));
-    });
-}
+            : "+f"(x) : "f"(factor));
+        return x;
+    }
+};
 
 template <typename T, int D, int C>
 struct Shared {
@@ -532,7 +531,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             if (j == t.tiles - 1 && (!O_IN_Q<D, C> || t.piece >= 0)) kt::arrive(sh.q_empty[qs]);
             row_values rescale;
             softmax.template operator()<MASKED>(row0, key0 + j * BLOCK_N, rescale);
-            rescale_moved_rows(o, rescale);
+            kt::row_map<mul_unless_one>(o, o, rescale);
             kt::copy(p, s);
             issue_pv(ring + j);
             pv_done(ring + j);
