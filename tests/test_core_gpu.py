@@ -303,6 +303,7 @@ def _tile_ops():
         ops[46 + i] = (f"{name}_acc",
                        lambda a, b, v, u, f=f, fold=fold, kind=kind: fold(f(a), v if kind == "row_vec" else u),
                        kind, name.endswith("sum"))
+        ops[52 + i] = (f"{name}_acc_from_identity", ops[46 + i][1], kind, name.endswith("sum"))
     return ops
 
 

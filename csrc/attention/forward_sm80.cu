@@ -152,8 +152,11 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
         // Online softmax on raw scores (the max commutes with the positive scale c):
         // P = exp2(S * c - m_new * c) is one multiply-add and one exp2 per element.
+        // The reductions start from the identity (kt::reduce_start): from the first element,
+        // the d64 non-causal loop compiled for sm_90a (the forced path on Hopper) spilled in its
+        // loop (22 local loads/stores, SASS), and the sm_80/sm_89 kernels could not be timed here.
         row_values new_max, shift, rescale;
-        kt::row_max(new_max, s, row_max);
+        kt::row_max<kt::reduce_start::identity>(new_max, s, row_max);
         kt::for_each_slot(rescale, [&](int t, int i, float& alpha) {
             const float m_new = new_max.data[t][i];
             // A row with no visible key so far keeps max -inf: shift by 0, not -inf.
@@ -166,7 +169,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::exp2(s, s);
         kt::copy(row_max, new_max);
         kt::mul(row_sum, row_sum, rescale);
-        kt::row_sum_lane_partial(row_sum, s, row_sum);  // lanes combined once, after the loop
+        kt::row_sum_lane_partial<kt::reduce_start::identity>(row_sum, s, row_sum);  // lanes combined after the loop
 
         if (j == 0) {  // no warp skips tile 0 (see above), so every warp reaches this barrier
             if (kv_tiles > 1) kt::cp_async_wait<1>();  // V_0 (tile 1's group may be in flight)

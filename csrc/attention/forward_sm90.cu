@@ -90,6 +90,16 @@ constexpr bool splits_last_round(int head_dim, int consumers) { return head_dim 
 // the producer when the O stores out of it have read it, at the next task's first S.
 template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
 template <int D, int C> constexpr bool O_IN_Q = SERIAL_STEPS<D, C>;
+// How the softmax's row max and row sum start their per-lane partials (kt::reduce_start).
+// Starting from the first element saves 32 instructions of a step's ~450 (SASS) and measured
+// faster everywhere but the serial steps (session 32, 1.5 s turns against cuDNN, two rounds, tk
+// us): b16 h16 n1536 d128 full 537/535 -> 526/525, n3072 d64 full 1271/1263 -> 1245/1246, b8
+// n6144 d128 causal 2175/2177 -> 2126/2127; but the serial steps' b8 n6144 d128 full went
+// 3782/3786 -> 3830/3859, and on another machine 3725/3740 -> 3778/3785 (b16 n3072 d128 full
+// level both times). So the serial steps keep the identity start, and their SASS is unchanged.
+template <int D, int C>
+constexpr kt::reduce_start SOFTMAX_REDUCE_START =
+    SERIAL_STEPS<D, C> ? kt::reduce_start::identity : kt::reduce_start::first_element;
 
 // O *= alpha row by row (kt::row_map) in the serial steps, as a predicated multiply that only
 // rows whose factor is not exactly 1 execute (NaN included: an unordered compare): a row whose
@@ -347,7 +357,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             }, kt::neg_infinity());
         }
         row_values new_max, shift;
-        kt::row_max(new_max, s, row_max);
+        kt::row_max<SOFTMAX_REDUCE_START<D, C>>(new_max, s, row_max);
         kt::for_each_slot(rescale, [&](int tt, int i, float& alpha) {
             const float m_new = new_max.data[tt][i];
             const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
@@ -359,7 +369,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::exp2(s, s);
         kt::copy(row_max, new_max);
         kt::mul(row_sum, row_sum, rescale);
-        kt::row_sum_lane_partial(row_sum, s, row_sum);
+        kt::row_sum_lane_partial<SOFTMAX_REDUCE_START<D, C>>(row_sum, s, row_sum);
     };
     // A task's rows once all its scores are in (its last P V may still run): `lse` gets their
     // log-sum-exp (and goes out, but for a piece), and `divisor` the row sums combined across

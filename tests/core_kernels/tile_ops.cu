@@ -20,6 +20,7 @@ enum tile_op_id : int {
     OP_MASK_BEFORE = 39,  // columns before 60 - 2 row become s
     OP_REDUCE = 40,      // 40..45  row_max, row_min, row_sum, col_max, col_min, col_sum
     OP_REDUCE_ACC = 46,  // 46..51  same, folded with v (row) / u (col)
+    OP_REDUCE_ACC_IDENTITY = 52,  // 52..57  same as 46..51, partials started at the identity
 };
 
 template <typename RT>
@@ -69,11 +70,12 @@ __device__ void binary_col(int which, RT& d, const RT& a, const typename RT::row
 
 // Reductions write a vector; returns after storing it to vec_out.
 template <typename RT>
-__device__ void reduce(int which, bool acc, const RT& a, const typename RT::col_vec& v,
+__device__ void reduce(int which, bool acc, bool from_identity, const RT& a, const typename RT::col_vec& v,
                        const typename RT::row_vec& u, const gl<float>& vec_out) {
     typename RT::col_vec rv_out;  // one value per row
     typename RT::row_vec cv_out;  // one value per column
-    switch (which + (acc ? 6 : 0)) {
+    constexpr reduce_start ID = reduce_start::identity;
+    switch (which + (acc ? 6 : 0) + (from_identity ? 6 : 0)) {
         case 0: row_max(rv_out, a); break;
         case 1: row_min(rv_out, a); break;
         case 2: row_sum(rv_out, a); break;
@@ -86,6 +88,12 @@ __device__ void reduce(int which, bool acc, const RT& a, const typename RT::col_
         case 9: col_max(cv_out, a, u); break;
         case 10: col_min(cv_out, a, u); break;
         case 11: col_sum(cv_out, a, u); break;
+        case 12: row_max<ID>(rv_out, a, v); break;
+        case 13: row_min<ID>(rv_out, a, v); break;
+        case 14: row_sum<ID>(rv_out, a, v); break;
+        case 15: col_max<ID>(cv_out, a, u); break;
+        case 16: col_min<ID>(cv_out, a, u); break;
+        case 17: col_sum<ID>(cv_out, a, u); break;
     }
     if (which < 3) store(vec_out, rv_out, coord{});
     else store(vec_out, cv_out, coord{});
@@ -104,7 +112,8 @@ __global__ void __launch_bounds__(32) tile_op_kernel(gl<T> a_gl, gl<T> b_gl, gl<
     load(u, u_gl, coord{});
 
     if (op >= OP_REDUCE) {
-        reduce(op >= OP_REDUCE_ACC ? op - OP_REDUCE_ACC : op - OP_REDUCE, op >= OP_REDUCE_ACC, a, v, u, vec_out);
+        const int first = op >= OP_REDUCE_ACC_IDENTITY ? OP_REDUCE_ACC_IDENTITY : op >= OP_REDUCE_ACC ? OP_REDUCE_ACC : OP_REDUCE;
+        reduce(op - first, op >= OP_REDUCE_ACC, op >= OP_REDUCE_ACC_IDENTITY, a, v, u, vec_out);
         return;
     }
     switch (op) {

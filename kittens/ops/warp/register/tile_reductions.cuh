@@ -29,15 +29,25 @@ __device__ __forceinline__ void reduce_across_lanes(V& v) {
         }
 }
 
+// Where a reduction's per-lane partials start (one partial per base tile and slot).
+// first_element: as the first element folded in. identity: as Op's identity, which costs an
+// instruction per partial (ptxas keeps max(-inf, x), and 0 + x under FTZ: 32 per 16 x 128
+// softmax tile); the result is the same but for NaN and denormal inputs. For a kernel whose
+// measured schedule is better with those instructions in it (forward_sm90.cu: SERIAL_STEPS).
+enum class reduce_start { first_element, identity };
+
 // Folds src along its rows (ALONG_ROWS: one value per row, into a col_vec) or its
 // columns (one value per column, into a row_vec), then combines lanes. Each base
 // tile along the reduced dim gets its own partial, and the partials meet in a
 // tree: the dependency chain is 4 + log2(tiles) ops long, not 4 * tiles.
-template <typename Op, bool ALONG_ROWS, bool Accumulate, register_tile RT, register_vector V, bool ACROSS_LANES = true>
+template <typename Op, bool ALONG_ROWS, bool Accumulate, register_tile RT, register_vector V, bool ACROSS_LANES = true,
+          reduce_start START = reduce_start::first_element>
 __device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accum) {
     constexpr int outer = ALONG_ROWS ? RT::height : RT::width;  // one result tile each
     constexpr int inner = ALONG_ROWS ? RT::width : RT::height;  // reduced over
+    // `started` is known at compile time (the loops unroll), so the choice costs nothing.
     float partial[outer][inner][V::slots];
+    bool started[outer][inner][V::slots] = {};
 #pragma unroll
     for (int o = 0; o < outer; o++)
 #pragma unroll
@@ -47,7 +57,10 @@ __device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accu
     for_each_element(src, [&](int i, int j, int k, int h, const typename RT::dtype& e) {
         const int o = ALONG_ROWS ? i : j, n = ALONG_ROWS ? j : i;
         const int s = ALONG_ROWS ? layout_math::row_slot(RT::frag, k, h) : layout_math::col_slot(RT::frag, k, h);
-        partial[o][n][s] = Op::op(partial[o][n][s], convert<float>(e));
+        const float x = convert<float>(e);
+        const bool fold = started[o][n][s] || START == reduce_start::identity;
+        partial[o][n][s] = fold ? Op::op(partial[o][n][s], x) : x;
+        started[o][n][s] = true;
     });
 #pragma unroll
     for (int stride = 1; stride < inner; stride *= 2)
@@ -71,33 +84,34 @@ __device__ __forceinline__ void tile_reduce(V& dst, const RT& src, const V& accu
 }
 
 // dst[r] = op over c of src[r][c]  (op folded with accum[r] when given)
-template <typename Op, bool Accumulate, register_tile RT>
+template <typename Op, bool Accumulate, reduce_start START, register_tile RT>
 __device__ __forceinline__ void row_reduce(typename RT::col_vec& dst, const RT& src, const typename RT::col_vec& accum) {
-    tile_reduce<Op, true, Accumulate>(dst, src, accum);
+    tile_reduce<Op, true, Accumulate, RT, typename RT::col_vec, true, START>(dst, src, accum);
 }
 
 // dst[c] = op over r of src[r][c]  (op folded with accum[c] when given)
-template <typename Op, bool Accumulate, register_tile RT>
+template <typename Op, bool Accumulate, reduce_start START, register_tile RT>
 __device__ __forceinline__ void col_reduce(typename RT::row_vec& dst, const RT& src, const typename RT::row_vec& accum) {
-    tile_reduce<Op, false, Accumulate>(dst, src, accum);
+    tile_reduce<Op, false, Accumulate, RT, typename RT::row_vec, true, START>(dst, src, accum);
 }
 
 // Per-lane share of a row sum, accumulated into accum: each of the lanes that hold a
 // row keeps the sum of its own elements. Cheaper inside a loop (no shuffles); finish
 // with reduce_across_lanes<base_ops::add>(v) before using the totals.
-template <register_tile RT>
+template <reduce_start START = reduce_start::first_element, register_tile RT>
 __device__ __forceinline__ void row_sum_lane_partial(typename RT::col_vec& dst, const RT& src,
                                                      const typename RT::col_vec& accum) {
-    tile_reduce<base_ops::add, true, true, RT, typename RT::col_vec, false>(dst, src, accum);
+    tile_reduce<base_ops::add, true, true, RT, typename RT::col_vec, false, START>(dst, src, accum);
 }
 
 #define KITTENS_REDUCTION(name, Op, dir, vec)                                                                     \
-    template <register_tile RT> __device__ __forceinline__ void name(typename RT::vec& dst, const RT& src) {     \
-        dir##_reduce<Op, false>(dst, src, dst);                                                                  \
+    template <reduce_start START = reduce_start::first_element, register_tile RT>                               \
+    __device__ __forceinline__ void name(typename RT::vec& dst, const RT& src) {                                 \
+        dir##_reduce<Op, false, START>(dst, src, dst);                                                           \
     }                                                                                                            \
-    template <register_tile RT>                                                                                  \
+    template <reduce_start START = reduce_start::first_element, register_tile RT>                               \
     __device__ __forceinline__ void name(typename RT::vec& dst, const RT& src, const typename RT::vec& accum) {  \
-        dir##_reduce<Op, true>(dst, src, accum);                                                                 \
+        dir##_reduce<Op, true, START>(dst, src, accum);                                                          \
     }
 KITTENS_REDUCTION(row_max, base_ops::max, row, col_vec)
 KITTENS_REDUCTION(row_min, base_ops::min, row, col_vec)
