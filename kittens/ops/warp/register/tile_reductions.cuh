@@ -32,8 +32,9 @@ __device__ __forceinline__ void reduce_across_lanes(V& v) {
 // Where a reduction's per-lane partials start (one partial per base tile and slot).
 // first_element: as the first element folded in. identity: as Op's identity, which costs an
 // instruction per partial (ptxas keeps max(-inf, x), and 0 + x under FTZ: 32 per 16 x 128
-// softmax tile); the result is the same but for NaN and denormal inputs. For a kernel whose
-// measured schedule is better with those instructions in it (forward_sm90.cu: SERIAL_STEPS).
+// softmax tile); the result is the same but for NaN and denormal inputs. For kernels whose
+// measured schedule or register allocation is better with those instructions in them
+// (forward_sm90.cu's serial steps, forward_sm80.cu).
 enum class reduce_start { first_element, identity };
 
 // Folds src along its rows (ALONG_ROWS: one value per row, into a col_vec) or its
