@@ -68,14 +68,14 @@ __device__ void binary_col(int which, RT& d, const RT& a, const typename RT::row
     }
 }
 
-// Reductions write a vector; returns after storing it to vec_out.
+// Reductions write a vector; returns after storing it to vec_out. which: op - OP_REDUCE.
 template <typename RT>
-__device__ void reduce(int which, bool acc, bool from_identity, const RT& a, const typename RT::col_vec& v,
-                       const typename RT::row_vec& u, const gl<float>& vec_out) {
+__device__ void reduce(int which, const RT& a, const typename RT::col_vec& v, const typename RT::row_vec& u,
+                       const gl<float>& vec_out) {
     typename RT::col_vec rv_out;  // one value per row
     typename RT::row_vec cv_out;  // one value per column
     constexpr reduce_start ID = reduce_start::identity;
-    switch (which + (acc ? 6 : 0) + (from_identity ? 6 : 0)) {
+    switch (which) {
         case 0: row_max(rv_out, a); break;
         case 1: row_min(rv_out, a); break;
         case 2: row_sum(rv_out, a); break;
@@ -95,7 +95,7 @@ __device__ void reduce(int which, bool acc, bool from_identity, const RT& a, con
         case 16: col_min<ID>(cv_out, a, u); break;
         case 17: col_sum<ID>(cv_out, a, u); break;
     }
-    if (which < 3) store(vec_out, rv_out, coord{});
+    if (which % 6 < 3) store(vec_out, rv_out, coord{});
     else store(vec_out, cv_out, coord{});
 }
 
@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(32) tile_op_kernel(gl<T> a_gl, gl<T> b_gl, gl<
     load(u, u_gl, coord{});
 
     if (op >= OP_REDUCE) {
-        const int first = op >= OP_REDUCE_ACC_IDENTITY ? OP_REDUCE_ACC_IDENTITY : op >= OP_REDUCE_ACC ? OP_REDUCE_ACC : OP_REDUCE;
-        reduce(op - first, op >= OP_REDUCE_ACC, op >= OP_REDUCE_ACC_IDENTITY, a, v, u, vec_out);
+        reduce(op - OP_REDUCE, a, v, u, vec_out);
         return;
     }
     switch (op) {
