@@ -526,7 +526,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     };
     // Three consumers at d128 (serial): each tile start to end, S_j, its softmax, O = O * alpha +
     // P_j V_j, and the wait for that product before S_{j+1}; the other two warpgroups keep the
-    // tensor cores busy meanwhile. No turns.
+    // tensor cores busy meanwhile. No turns: ordering S_j only (session 28) or every product in a
+    // ring (S of one warpgroup, P V of the next, ..., session 33) held the step to the slowest
+    // softmax, and both were slower (the ring 2.3% at b8 h16 n6144).
     auto serial_tiles = [&](const Task& t, const auto& q, int qs, int row0, int key0) {
         start_rows();
         kt::zero(o);
