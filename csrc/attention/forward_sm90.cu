@@ -265,28 +265,27 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                 // stage frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
                 // (Serial steps need V_j before K_{j+1}, yet the order K_0, V_0, K_1, V_1 made
                 // the three-consumer kernel 2.5% slower, session 25.)
-                // Paired: a step's K and V panels, K's first, go to the cluster's blocks in turn
-                // (at d64, K from one block and V from the other); `unit0`: the first of them.
-                constexpr int PANELS = S::kv_tile::cols / S::kv_tile::panel_cols;
                 auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
-                                const CUtensorMap* map, int unit0, int j) {
+                                const CUtensorMap* map, int j) {
                     const int n = ring + j, s = n % ST;
                     if (n >= ST) kt::wait(empty[s], (n / ST - 1) % 2);
                     kt::expect_bytes(full[s], kt::tma::tile_bytes<typename S::kv_tile>());
                     const kt::coord at{t.b, t.h_kv, t.first_tile + j, 0};
-                    if constexpr (PAIRED) {  // this block's panels, into both blocks
-                        for (int panel = 0; panel < PANELS; panel++)
-                            if ((unit0 + panel) % CLUSTER == rank)
+                    if constexpr (PAIRED) {  // this block's panels (every CLUSTER-th), into both blocks
+                        constexpr int PANELS = S::kv_tile::cols / S::kv_tile::panel_cols;
+                        static_assert(PANELS % CLUSTER == 0, "forward: K/V panels do not split over the cluster");
+                        for (int panel = 0; panel < PANELS; panel++)  // unrolls; starting at rank did not (SASS)
+                            if (panel % CLUSTER == rank)
                                 kt::tma::load_panel_multicast(tiles_of[s], map, at, panel, full[s], (1 << CLUSTER) - 1);
                     } else {
                         kt::tma::load_async(tiles_of[s], map, at, full[s]);
                     }
                 };
                 for (int j = 0; j < t.tiles; j++) {
-                    load(sh.k_full, sh.k_empty, sh.k, &g.k_map, 0, j);
-                    if (j > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, PANELS, j - 1);
+                    load(sh.k_full, sh.k_empty, sh.k, &g.k_map, j);
+                    if (j > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, j - 1);
                 }
-                if (t.tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, PANELS, t.tiles - 1);
+                if (t.tiles > 0) load(sh.v_full, sh.v_empty, sh.v, &g.v_map, t.tiles - 1);
                 ring += t.tiles;
                 index = CAUSAL ? gridDim.x + atomicAdd(g.task_counter, 1) : index + gridDim.x;
             }
