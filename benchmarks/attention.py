@@ -68,7 +68,8 @@ ANCHOR_CONFIGS = [_square(b, n, d, causal)
                   for d in (64, 128) for causal in (False, True)
                   for b, n in ((16, 768), (16, 1536), (16, 3072), (8, 6144), (4, 12288))]
 
-# anchors.md, "what users get from plain SDPA": unaligned lengths, GQA, Lq != Lk.
+# anchors.md, "what users get from plain SDPA": unaligned lengths, GQA, Lq != Lk; and head dim 96
+# (no anchor: Phi-3-mini's 32 heads of 96 at 4096 tokens).
 SDPA_DEFAULT_CONFIGS = [
     Config(16, 16, 16, 1000, 1000, 128, False),
     Config(4, 16, 16, 4097, 4097, 128, True),
@@ -78,6 +79,8 @@ SDPA_DEFAULT_CONFIGS = [
     Config(1, 32, 8, 16384, 16384, 128, True),
     Config(16, 16, 16, 2048, 2048, 64, True),
     Config(8, 16, 16, 512, 8192, 128, False),
+    Config(4, 32, 32, 4096, 4096, 96, False),
+    Config(4, 32, 32, 4096, 4096, 96, True),
 ]
 
 QUICK_CONFIGS = [_square(16, 1536, 128, False), _square(16, 1536, 128, True),

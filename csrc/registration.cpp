@@ -13,7 +13,7 @@
 #endif
 
 TORCH_LIBRARY(tk, m) {
-    // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, D in {64, 128}, Hq % Hkv == 0.
+    // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, D in {64, 96, 128}, Hq % Hkv == 0.
     // Returns out (B, Hq, Lq, D) contiguous and lse (B, Hq, Lq) fp32, the natural-log
     // log-sum-exp of the scaled scores, which the backward pass will need.
     // is_causal: key j is visible to query i iff j <= i (top-left, SDPA's is_causal); with

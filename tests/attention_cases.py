@@ -3,7 +3,7 @@
 import torch
 
 DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = [64, 96, 128]
 GQA_RATIOS = [1, 4, 8]
 
 

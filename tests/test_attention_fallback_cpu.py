@@ -189,10 +189,10 @@ def test_reason_dtype(cpu_kernel, dtype):
                                   "kernel (bfloat16 and float16 only)")
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 80, 96, 256])
+@pytest.mark.parametrize("head_dim", [16, 32, 80, 112, 256])
 def test_reason_head_dim(cpu_kernel, head_dim):
     q = bf16(2, 4, 16, head_dim)
-    assert f"head dim {head_dim} is not supported by the kernel (64 or 128 only)" in reason_of(q, q, q)
+    assert f"head dim {head_dim} is not supported by the kernel (64, 96 or 128 only)" in reason_of(q, q, q)
 
 
 def test_reason_value_head_dim(cpu_kernel):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
-from attention_cases import DTYPES, attention_cases, case_id
+from attention_cases import DTYPES, HEAD_DIMS, attention_cases, case_id
 from fresh_process import run_in_fresh_process
 from fresh_thread import call_in_new_thread
 
@@ -165,7 +165,7 @@ LOWER_RIGHT_LENGTHS = [(1000, 17), (333, 300), (4097, 1), (4097, 1000), (300, 33
 
 
 @pytest.mark.parametrize("ratio", [1, 4])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("len_q, len_kv", LOWER_RIGHT_LENGTHS)
 def test_lower_right_matches_reference(len_q, len_kv, dtype, head_dim, ratio, kernel):
@@ -498,7 +498,7 @@ def _direct(q=None, k=None, v=None, scale=0.125):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: _direct(q=randn((1, 4, 32, 96), torch.bfloat16)), "q head_dim must be 64 or 128"),
+    (lambda: _direct(q=randn((1, 4, 32, 80), torch.bfloat16)), "q head_dim must be 64, 96 or 128"),
     (lambda: _direct(q=randn((1, 4, 32, 64), torch.float32), k=randn((1, 4, 32, 64), torch.float32),
                      v=randn((1, 4, 32, 64), torch.float32)), "q must be bfloat16 or float16"),
     (lambda: _direct(k=randn((1, 4, 32, 64), torch.float16)), "k has dtype"),

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import thunderkittens as tk
 from reference import (causal_offset_of, lower_right_bias, reference_attention_grads,
                        sdpa_causal_lower_right)
-from attention_cases import DTYPES, attention_cases, case_id
+from attention_cases import DTYPES, HEAD_DIMS, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
 
@@ -145,7 +145,7 @@ LOWER_RIGHT_LENGTHS = [(1000, 17), (333, 300), (4097, 1), (300, 333), (17, 4097)
 
 
 @pytest.mark.parametrize("ratio", [1, 4])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("len_q, len_kv", LOWER_RIGHT_LENGTHS)
 def test_lower_right_gradients_match_reference(len_q, len_kv, dtype, head_dim, ratio):

@@ -82,7 +82,9 @@ def test_tma_load_store_reduce(hopper, dtype, case, hinted):
 
 # ---- wgmma ----------------------------------------------------------------------------------
 
-WGMMA_SHAPES = [(16, 64), (32, 64), (64, 64), (128, 64), (256, 64), (128, 128)]  # (N, K), M = 64
+# (N, K), M = 64. Head dim 96 (attention): N = 96, and 96-wide operands, whose rows are 192 bytes
+# and so take the 64-byte swizzle (three 32-column panels) instead of the 128-byte one.
+WGMMA_SHAPES = [(16, 64), (32, 64), (64, 64), (128, 64), (256, 64), (128, 128), (96, 64), (128, 96), (96, 128)]
 # bit0: b is K x N; bit1: a in registers; bit2: a given transposed (K x 64) in shared memory
 WGMMA_VARIANTS = {0: "ss-abt", 1: "ss-ab", 2: "rs-abt", 3: "rs-ab", 4: "ss-atbt", 5: "ss-atb"}
 

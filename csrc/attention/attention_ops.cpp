@@ -77,6 +77,9 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
 
 // The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
 // positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
+// The head dims the kernels are built for (dispatch.h; plan.py's KERNEL_HEAD_DIMS).
+bool is_kernel_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 96 || head_dim == 128; }
+
 void check_scale(double scale, const char* op) {
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 }
@@ -137,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
                 ") must be a multiple of k/v heads (", heads_kv, ")");
     TORCH_CHECK(v.size(2) == len_kv, kOp, "k and v must have the same length, got k ", k.sizes(),
                 " and v ", v.sizes());
-    TORCH_CHECK(head_dim == 64 || head_dim == 128, kOp, "q head_dim must be 64 or 128, got ", head_dim);
+    TORCH_CHECK(is_kernel_head_dim(head_dim), kOp, "q head_dim must be 64, 96 or 128, got ", head_dim);
     TORCH_CHECK(k.size(3) == head_dim, kOp, "k head_dim (", k.size(3), ") must equal q head_dim (",
                 head_dim, ")");
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
@@ -204,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                 ", v ", v.sizes(), ", q ", q.sizes());
     TORCH_CHECK(heads_q % heads_kv == 0, op, "q heads (", heads_q, ") must be a multiple of k/v heads (", heads_kv,
                 ")");
-    TORCH_CHECK(head_dim == 64 || head_dim == 128, op, "head_dim must be 64 or 128, got ", head_dim);
+    TORCH_CHECK(is_kernel_head_dim(head_dim), op, "head_dim must be 64, 96 or 128, got ", head_dim);
     TORCH_CHECK(lse.defined() && lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
                     lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q && lse.size(2) == len_q,
                 op, "lse must be the forward's float32 (batch, heads_q, len_q) tensor on q's device, got ",

@@ -12,21 +12,33 @@ namespace kt = kittens;
 
 constexpr int WARPS_PER_BLOCK = 8;
 
+// Lanes that share a row of the statistics kernel: the largest power of two (up to a warp) that
+// divides the row's 16-byte chunks.
+template <typename T, int D>
+constexpr int lanes_per_row() {
+    constexpr int chunks = D * int(sizeof(T)) / 16;
+    static_assert(D * int(sizeof(T)) % 16 == 0, "statistics: rows of whole 16-byte chunks");
+    int lanes = 1;
+    while (lanes < kt::WARP_THREADS && chunks % (2 * lanes) == 0) lanes *= 2;
+    return lanes;
+}
+
 // Per query row (rows < Lq): neg_delta = -rowsum(dO * O), score_shift = -lse / scale (-inf where
 // lse is -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one
 // pass instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole
 // 64-row blocks) get neg_delta 0 and score_shift -inf. Also zeroes the backward kernel's task
 // counter (causal or deterministic) and dq turn counters (deterministic: one per 64-row block),
-// as the kernel runs after this on the same stream. A row is LANES_PER_ROW lanes with 16-byte
-// loads.
+// as the kernel runs after this on the same stream. A row is LANES_PER_ROW lanes (a power of
+// two, so the lanes of a row are one shuffle group) with CHUNKS 16-byte loads each: d64 8 x 1,
+// d96 4 x 3, d128 16 x 1.
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* score_shift,
                       float* neg_delta, float* dq_accum, float scale, int heads_q, int len_q, int len_q_padded,
                       int64_t rows, int* task_counter, int* dq_turns) {
     constexpr int CHUNK = 16 / int(sizeof(T));  // elements per 16-byte load
-    constexpr int LANES_PER_ROW = D / CHUNK, ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
-    static_assert(D % CHUNK == 0 && kt::WARP_THREADS % LANES_PER_ROW == 0, "statistics: head dim");
+    constexpr int LANES_PER_ROW = lanes_per_row<T, D>(), ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
+    constexpr int CHUNKS = D / CHUNK / LANES_PER_ROW;
     if (task_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *task_counter = 0;
     const int lane = kt::lane_id(), part = lane % LANES_PER_ROW;
     const int64_t row = (int64_t(blockIdx.x) * WARPS_PER_BLOCK + kt::warp_id()) * ROWS_PER_WARP + lane / LANES_PER_ROW;
@@ -35,13 +47,17 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
     const bool real = row < rows && i < len_q;
     float dot = 0.f;
     if (real) {
-        const int b = int(bh / heads_q), h = int(bh % heads_q), c = part * CHUNK;
-        const uint4 x = *reinterpret_cast<const uint4*>(dout.ptr(b, h, i, c));
-        const uint4 y = *reinterpret_cast<const uint4*>(out.ptr(b, h, i, c));
-        const T* xs = reinterpret_cast<const T*>(&x);
-        const T* ys = reinterpret_cast<const T*>(&y);
+        const int b = int(bh / heads_q), h = int(bh % heads_q);
 #pragma unroll
-        for (int e = 0; e < CHUNK; e++) dot += kt::convert<float>(xs[e]) * kt::convert<float>(ys[e]);
+        for (int chunk = 0; chunk < CHUNKS; chunk++) {
+            const int c = (chunk * LANES_PER_ROW + part) * CHUNK;
+            const uint4 x = *reinterpret_cast<const uint4*>(dout.ptr(b, h, i, c));
+            const uint4 y = *reinterpret_cast<const uint4*>(out.ptr(b, h, i, c));
+            const T* xs = reinterpret_cast<const T*>(&x);
+            const T* ys = reinterpret_cast<const T*>(&y);
+#pragma unroll
+            for (int e = 0; e < CHUNK; e++) dot += kt::convert<float>(xs[e]) * kt::convert<float>(ys[e]);
+        }
         float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * len_q + i) * D);
 #pragma unroll
         for (int q = part; q < D / 4; q += LANES_PER_ROW) dq_row[q] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -73,7 +89,7 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
         head_major<T, D>(p.dout, p.batch, p.heads_q, p.len_q, p.dout_stride_b, p.dout_stride_h, p.dout_stride_l);
     const kt::gl<T> out = head_major<T, D>(o.out, p.batch, p.heads_q, p.len_q, o.stride_b, o.stride_h, o.stride_l);
     const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q_padded;
-    constexpr int rows_per_block = WARPS_PER_BLOCK * kt::WARP_THREADS / (D * int(sizeof(T)) / 16);
+    constexpr int rows_per_block = WARPS_PER_BLOCK * kt::WARP_THREADS / lanes_per_row<T, D>();
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
@@ -85,12 +101,16 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
 }  // namespace
 
 cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, cudaStream_t stream) {
-    const bool bf16 = p.dtype == ElementType::bf16;
-    if (p.head_dim == 64)
-        return bf16 ? statistics<kt::bf16, 64>(p, out, stream) : statistics<kt::half, 64>(p, out, stream);
-    if (p.head_dim == 128)
-        return bf16 ? statistics<kt::bf16, 128>(p, out, stream) : statistics<kt::half, 128>(p, out, stream);
-    return cudaErrorInvalidValue;
+    auto with_dtype = [&]<int D>() {
+        return p.dtype == ElementType::bf16 ? statistics<kt::bf16, D>(p, out, stream)
+                                            : statistics<kt::half, D>(p, out, stream);
+    };
+    switch (p.head_dim) {
+        case 64: return with_dtype.template operator()<64>();
+        case 96: return with_dtype.template operator()<96>();
+        case 128: return with_dtype.template operator()<128>();
+        default: return cudaErrorInvalidValue;  // the op layer only passes KERNEL_HEAD_DIMS
+    }
 }
 
 cudaError_t backward_finish_dq(const BackwardParams& p, void* dq, cudaStream_t stream) {

@@ -58,20 +58,22 @@ namespace kt = kittens;
 constexpr int CONSUMERS = 2;
 constexpr int BLOCK_N = 64 * CONSUMERS;  // keys per task
 constexpr int BLOCK_M = 64;              // query rows per step
-// Q/dO ring depth and K/V buffers: what fits beside the dS/dQ staging (d128 uses ~225 of 227 KiB).
-template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
+// Q/dO ring depth and K/V buffers: what fits beside the dS/dQ staging (d128 uses ~225 of 227 KiB,
+// d96 ~200 with three stages). d96 runs as d128 does (K and V read from shared memory, dQ a step
+// later): with K and V in registers as at d64, its consumers would hold ~210 of their 240.
+template <int D> constexpr int STAGES = D <= 64 ? 4 : D <= 96 ? 3 : 2;
 template <int D> constexpr int KV_BUFFERS = D <= 64 ? 2 : 1;
 template <int D> constexpr bool KV_IN_REGISTERS = D <= 64;
 // Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): step n's dS^T is complete in
 // shared memory (4 + n % 2), its dQ product has read it (6 + n % 2), and warpgroup c's turn to
 // issue products (8 + c).
 constexpr int DS_READY = 4, DS_FREE = 6, TURN = 8;
-// d128: a step's dQ is computed one step later, and the warpgroups take turns issuing their
+// d96 and d128: a step's dQ is computed one step later, and the warpgroups take turns issuing their
 // products (see the consumers). Measured (session 7, backward kernel, while the statistics
 // were still read from global memory): d128 full 1-3% faster, d128 causal level; d64 3-9%
 // slower (its consumers have no registers to spare), so d64 computes dQ in its own step,
 // without turns.
-template <int D> constexpr bool DEFER_DQ = D == 128;
+template <int D> constexpr bool DEFER_DQ = D > 64;
 // The launch gives every thread 168 registers (65536 / 384, rounded down to 8): the producer
 // warpgroup gives back exactly what the consumers take ((168 - 24) * 128 = (240 - 168) * 256),
 // or setmaxnreg.inc waits forever.

@@ -27,8 +27,9 @@ cudaError_t dispatch(const Params& p, cudaStream_t stream) {
     auto with_head_dim = [&]<typename T>() {
         switch (p.head_dim) {
             case 64: return with_causal.template operator()<T, 64>();
+            case 96: return with_causal.template operator()<T, 96>();
             case 128: return with_causal.template operator()<T, 128>();
-            default: return cudaErrorInvalidValue;  // the op layer only passes 64 and 128
+            default: return cudaErrorInvalidValue;  // the op layer only passes 64, 96 and 128
         }
     };
     return p.dtype == ElementType::bf16 ? with_head_dim.template operator()<kittens::bf16>()

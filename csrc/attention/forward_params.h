@@ -30,7 +30,7 @@ struct ForwardParams {
 
     int batch, heads_q, heads_kv;  // heads_q % heads_kv == 0 (GQA/MQA)
     int len_q, len_kv;             // >= 1, arbitrary
-    int head_dim;                  // 64 or 128
+    int head_dim;                  // 64, 96 or 128
     float scale;                   // softmax scale applied to q.k
     bool causal;                   // key j visible to query i iff j <= i + causal_offset
     int causal_offset;             // 0: SDPA's is_causal (top-left); Lk - Lq: causal_lower_right
@@ -70,7 +70,7 @@ struct BackwardParams {
 
     int batch, heads_q, heads_kv;
     int len_q, len_kv;
-    int head_dim;  // 64 or 128
+    int head_dim;  // 64, 96 or 128
     float scale;
     bool causal;        // ForwardParams' rule: key j visible to query i iff j <= i + causal_offset
     int causal_offset;  // rows that see no key (lower-right with Lq > Lk) have lse = -inf, out = 0

@@ -69,7 +69,7 @@ template <int C> constexpr int CONSUMER_REGISTERS = C == 2 ? 240 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 
 // Stages of the K/V ring: as many as fit beside two Q tiles and the O staging buffers.
-template <int D> constexpr int STAGES = D <= 64 ? 4 : 2;
+template <int D> constexpr int STAGES = D <= 64 ? 4 : D <= 96 ? 3 : 2;
 
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
 // d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the

@@ -102,6 +102,29 @@ __device__ __forceinline__ void mma_64x64x16(float (&d)[32], const uint32_t (&a)
 #undef KITTENS_WGMMA_SS_64
 #undef KITTENS_WGMMA_RS_64
 
+#define KITTENS_WGMMA_SS_96(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1, %51, %52;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B))
+#define KITTENS_WGMMA_RS_96(TYPE)                                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(TRANS_B))
+template <half_precision T, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void mma_64x96x16(float (&d)[48], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_SS_96("bf16");
+    else KITTENS_WGMMA_SS_96("f16");
+}
+template <half_precision T, int TRANS_B>
+__device__ __forceinline__ void mma_64x96x16(float (&d)[48], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+    if constexpr (std::same_as<T, bf16>) KITTENS_WGMMA_RS_96("bf16");
+    else KITTENS_WGMMA_RS_96("f16");
+}
+#undef KITTENS_WGMMA_SS_96
+#undef KITTENS_WGMMA_RS_96
+
 #define KITTENS_WGMMA_SS_128(TYPE)                                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                              \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
@@ -152,11 +175,13 @@ __device__ __forceinline__ void mma_64x256x16(float (&d)[128], const uint32_t (&
 // this warp's 16 x 16 fragment (RS, always K-major).
 template <half_precision T, int TRANS_A, int TRANS_B, int N, typename AOperand>
 __device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, uint64_t desc_b, int accumulate) {
-    static_assert(N == 16 || N == 32 || N == 64 || N == 128 || N == 256, "wgmma: N is 16, 32, 64, 128 or 256");
+    static_assert(N == 16 || N == 32 || N == 64 || N == 96 || N == 128 || N == 256,
+                  "wgmma: N is 16, 32, 64, 96, 128 or 256");
     if constexpr (std::same_as<AOperand, uint64_t>) {
         if constexpr (N == 16) mma_64x16x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 32) mma_64x32x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 64) mma_64x64x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 96) mma_64x96x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_A, TRANS_B>(d, a, desc_b, accumulate);
     } else {
@@ -164,6 +189,7 @@ __device__ __forceinline__ void mma_step(float (&d)[N / 2], const AOperand& a, u
         if constexpr (N == 16) mma_64x16x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 32) mma_64x32x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 64) mma_64x64x16<T, TRANS_B>(d, a, desc_b, accumulate);
+        else if constexpr (N == 96) mma_64x96x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else if constexpr (N == 128) mma_64x128x16<T, TRANS_B>(d, a, desc_b, accumulate);
         else mma_64x256x16<T, TRANS_B>(d, a, desc_b, accumulate);
     }

@@ -133,7 +133,10 @@ void wgmma(int dtype, int n, int k, bool accumulate, int variant, const gl_args&
                           try_wgmma<T, 64, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 128, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
                           try_wgmma<T, 256, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
-                          try_wgmma<T, 128, 128>(n, k, accumulate, variant, a, b, c, d, stream);
+                          try_wgmma<T, 128, 128>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 96, 64>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 128, 96>(n, k, accumulate, variant, a, b, c, d, stream) ||
+                          try_wgmma<T, 96, 128>(n, k, accumulate, variant, a, b, c, d, stream);
         if (!done) throw std::runtime_error("wgmma: no instance for this shape");
     };
     if (dtype == BF16) go(std::type_identity<bf16>{});

@@ -19,7 +19,7 @@ from .families import BY_NAME, FAMILIES, KernelFamily
 # test suite can trace the kernel path with torch.compile against a CPU stand-in of the op.
 KERNEL_DEVICE_TYPE = "cuda"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
-KERNEL_HEAD_DIMS = (64, 128)
+KERNEL_HEAD_DIMS = (64, 96, 128)
 
 
 def _built_backward_ops() -> frozenset[str]:
@@ -46,7 +46,7 @@ def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None)
         return f"dtype {query.dtype} is not supported by the kernel (bfloat16 and float16 only)"
     head_dim = query.shape[-1]
     if head_dim not in KERNEL_HEAD_DIMS:
-        return f"head dim {head_dim} is not supported by the kernel (64 or 128 only)"
+        return f"head dim {head_dim} is not supported by the kernel (64, 96 or 128 only)"
     if value.shape[-1] != head_dim:
         return (f"value head dim {value.shape[-1]} differs from query head dim {head_dim}; "
                 "the kernel needs them equal")
