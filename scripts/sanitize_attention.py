@@ -27,7 +27,7 @@ from reference import lower_right_bias  # noqa: E402
 # (130, 2100): the sm90 forward at d64 splits its tasks (2 or 4 heads x 1 query block) over the key tiles.
 LENGTHS = [(1, 1), (17, 17), (64, 64), (65, 130), (130, 65), (127, 200), (1, 300), (300, 1), (130, 2100)]
 DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = [64, 96, 128]
 HEADS = [(2, 2), (4, 1)]  # (query heads, key/value heads)
 # causal_lower_right (key j visible to query i iff j <= i + Lk - Lq): with (300, 65) the first
 # 235 rows see no key, a whole query block of each kernel (128 rows; 192 for sm90 at d64).

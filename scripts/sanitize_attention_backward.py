@@ -24,7 +24,7 @@ from reference import causal_offset_of, reference_attention  # noqa: E402
 
 LENGTHS = [(1, 1), (17, 17), (65, 130), (130, 65), (200, 200)]
 DTYPES = [torch.bfloat16, torch.float16]
-HEAD_DIMS = [64, 128]
+HEAD_DIMS = [64, 96, 128]
 HEADS = [(2, 2), (4, 1)]
 # lower-right causal (key j visible to query i iff j <= i + Lk - Lq): with (200, 65) the first
 # 135 rows, two whole 64-row blocks, see no key.

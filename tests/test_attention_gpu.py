@@ -548,7 +548,7 @@ def test_fallback_dropout():
 
 @pytest.mark.parametrize("dtype, head_dim, reason", [
     (torch.float32, 64, "dtype torch.float32 is not supported"),
-    (torch.bfloat16, 96, "head dim 96 is not supported"),
+    (torch.bfloat16, 80, "head dim 80 is not supported"),
     (torch.float16, 256, "head dim 256 is not supported"),
 ])
 def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):

@@ -241,6 +241,7 @@ DETERMINISTIC_CASES = {
     "lower-right d128 Lq<Lk": (1, 8, 8, 700, 2100, 128, True, True),
     "lower-right d64 Lq>Lk gqa8": (2, 16, 2, 1500, 1000, 64, True, True),
     "causal d128 gqa8, more tasks than SMs": (4, 32, 4, 1024, 1024, 128, True, False),
+    "full d96 gqa4": (2, 8, 2, 1000, 1500, 96, False, False),
 }
 
 
