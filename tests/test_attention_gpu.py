@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderkittens as tk
+from thunderkittens._attention.families import BY_NAME as FAMILIES
 from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, HEAD_DIMS, attention_cases, case_id
 from fresh_process import run_in_fresh_process
@@ -61,6 +62,13 @@ def kernel(request):
     """A kernel family that runs on this GPU."""
     skip_unless_kernel_runs(request.param)
     return request.param
+
+
+def per_family(cases, head_dim_of, id_of):
+    """(case, family) parameters for each case and each family built for its head dim (the
+    sm80 family has no d96: test_head_dim_96_is_sm90_only checks where those calls go)."""
+    return [pytest.param(case, family, id=f"{id_of(case)}-{family}")
+            for case in cases for family in sorted(KERNEL_OPS) if head_dim_of(case) in FAMILIES[family].head_dims]
 
 
 def seeded(*key):
@@ -138,8 +146,10 @@ def assert_close_to_reference(out, q, k, v, causal, scale, lse=None, lower_right
 SMALL_LENGTHS = [(1, 1), (17, 17), (127, 127), (1000, 1000), (17, 1000), (1000, 17)]
 LONG_LENGTHS = [(4097, 4097), (128, 4097), (4097, 128), (1, 4097), (4097, 1)]
 
-@pytest.mark.parametrize("case", attention_cases(SMALL_LENGTHS, LONG_LENGTHS), ids=case_id)
+@pytest.mark.parametrize("case, kernel", per_family(attention_cases(SMALL_LENGTHS, LONG_LENGTHS),
+                                                  lambda case: case[3], case_id))
 def test_forward_matches_reference(case, kernel):
+    skip_unless_kernel_runs(kernel)
     len_q, len_kv, dtype, head_dim, causal, ratio = case
     seeded(case)
     batch, heads_kv = 2, 2
@@ -164,11 +174,16 @@ LOWER_RIGHT_LENGTHS = [(1000, 17), (333, 300), (4097, 1), (4097, 1000), (300, 33
                        (1, 4097)]
 
 
-@pytest.mark.parametrize("ratio", [1, 4])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("len_q, len_kv", LOWER_RIGHT_LENGTHS)
-def test_lower_right_matches_reference(len_q, len_kv, dtype, head_dim, ratio, kernel):
+LOWER_RIGHT_CASES = [(lengths, dtype, head_dim, ratio) for lengths in LOWER_RIGHT_LENGTHS for dtype in DTYPES
+                     for head_dim in HEAD_DIMS for ratio in (1, 4)]
+
+
+@pytest.mark.parametrize("case, kernel", per_family(
+    LOWER_RIGHT_CASES, lambda case: case[2],
+    lambda case: f"lq{case[0][0]}-lk{case[0][1]}-{str(case[1]).removeprefix('torch.')}-d{case[2]}-gqa{case[3]}"))
+def test_lower_right_matches_reference(case, kernel):
+    skip_unless_kernel_runs(kernel)
+    (len_q, len_kv), dtype, head_dim, ratio = case
     seeded("lower-right", len_q, len_kv, dtype, head_dim, ratio)
     batch = 1 if max(len_q, len_kv) > 2048 else 2
     q, k, v = make_qkv(batch, 2 * ratio, 2, len_q, len_kv, head_dim, dtype)
@@ -557,6 +572,27 @@ def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
     assert reason in str(tk.explain(q, k, v))
     torch.testing.assert_close(tk.attention(q, k, v, is_causal=True),
                                F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_head_dim_96_is_sm90_only():
+    # The sm80 family is not built for d96 (families.py): with it picked, such calls go to SDPA
+    # with the reason, and its op refuses them; the sm90 kernels take them.
+    kernel_must_run_here()
+    seeded("d96 routing")
+    q, k, v = make_qkv(2, 4, 4, 100, 100, 96, torch.bfloat16)
+    with tk.use_kernel("sm80"):
+        plan = tk.explain(q, k, v, is_causal=True)
+        assert not plan.uses_kernel
+        assert plan.reason == ("kernel sm80 was forced but head dim 96 runs on the sm90 kernels only "
+                               "(the sm80 kernels take head dims 64, 128)")
+        torch.testing.assert_close(tk.attention(q, k, v, is_causal=True),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        with tk.strict(), pytest.raises(tk.FallbackError, match="head dim 96 runs on the sm90"):
+            tk.attention(q, k, v, is_causal=True)
+    with pytest.raises(RuntimeError, match=r"q head_dim must be 64 or 128 \(the sm80 kernel\), got 96"):
+        torch.ops.tk.attention_fwd(q, k, v, True, 0.1, False)
+    if FAMILIES["sm90"].unavailable_reason(torch.cuda.get_device_capability()) is None:
+        assert tk.explain(q, k, v, is_causal=True).uses_kernel
 
 
 def test_fallback_requires_grad_on_sm80_and_gradients_flow():

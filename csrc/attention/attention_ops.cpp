@@ -77,7 +77,8 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
 
 // The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
 // positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
-// The head dims the kernels are built for (dispatch.h; plan.py's KERNEL_HEAD_DIMS).
+// The head dims the sm90 kernels are built for (dispatch.h; families.py; the sm80 forward takes 64
+// and 128 only).
 bool is_kernel_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 96 || head_dim == 128; }
 
 void check_scale(double scale, const char* op) {
@@ -140,7 +141,11 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
                 ") must be a multiple of k/v heads (", heads_kv, ")");
     TORCH_CHECK(v.size(2) == len_kv, kOp, "k and v must have the same length, got k ", k.sizes(),
                 " and v ", v.sizes());
-    TORCH_CHECK(is_kernel_head_dim(head_dim), kOp, "q head_dim must be 64, 96 or 128, got ", head_dim);
+    if (launch == &forward_sm90)
+        TORCH_CHECK(is_kernel_head_dim(head_dim), kOp, "q head_dim must be 64, 96 or 128, got ", head_dim);
+    else  // the mma.sync kernel is not built for 96 (families.py says why)
+        TORCH_CHECK(head_dim == 64 || head_dim == 128, kOp, "q head_dim must be 64 or 128 (the sm80 kernel), got ",
+                    head_dim);
     TORCH_CHECK(k.size(3) == head_dim, kOp, "k head_dim (", k.size(3), ") must equal q head_dim (",
                 head_dim, ")");
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",

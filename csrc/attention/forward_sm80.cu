@@ -232,7 +232,7 @@ struct Sm80Forward {
 };
 
 template <typename T, int D, bool CAUSAL>
-cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     using G = Globals<T>;
     const G g{head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l),
               head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l),
@@ -247,6 +247,14 @@ cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
     kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(
         g, p.scale * LOG2E, p.heads_q, p.heads_q / p.heads_kv, CAUSAL ? p.causal_offset : 0);
     return cudaGetLastError();
+}
+
+template <typename T, int D, bool CAUSAL>
+cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
+    // Head dim 96 is the sm90 kernels' only: this kernel ran it slower than FlashAttention-2
+    // (python/thunderkittens/_attention/families.py), so it is not built (the op refuses 96).
+    if constexpr (D == 96) return cudaErrorInvalidValue;
+    else return launch<T, D, CAUSAL>(p, stream);
 }
 
 }  // namespace

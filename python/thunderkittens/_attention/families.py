@@ -24,6 +24,7 @@ class KernelFamily:
     min_capability: tuple[int, int]
     exact_capability: tuple[int, int] | None = None  # arch-specific code (sm_90a) runs only there
     backward_op_name: str | None = None  # the torch.ops.tk op of its backward pass, if it has one
+    head_dims: tuple[int, ...] = (64, 128)  # E == Ev it is built for
 
     @property
     def has_backward(self) -> bool:
@@ -49,9 +50,11 @@ class KernelFamily:
 
 SM90 = KernelFamily(name="sm90", description="sm90 wgmma+tma", op_name="attention_fwd_sm90",
                     min_capability=(9, 0), exact_capability=(9, 0),
-                    backward_op_name="attention_bwd_sm90")
+                    backward_op_name="attention_bwd_sm90", head_dims=(64, 96, 128))
+# Not head dim 96: the mma.sync forward ran it at 0.92-0.94x SDPA's FlashAttention-2 (forced on
+# an H200, session 34; 1.00-1.04x at d128 in the same run), so those calls go to SDPA.
 SM80 = KernelFamily(name="sm80", description="sm80 mma.sync", op_name="attention_fwd",
-                    min_capability=(8, 0))
+                    min_capability=(8, 0), head_dims=(64, 128))
 
 FAMILIES: tuple[KernelFamily, ...] = (SM90, SM80)
 BY_NAME: dict[str, KernelFamily] = {family.name: family for family in FAMILIES}

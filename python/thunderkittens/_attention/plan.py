@@ -19,7 +19,7 @@ from .families import BY_NAME, FAMILIES, KernelFamily
 # test suite can trace the kernel path with torch.compile against a CPU stand-in of the op.
 KERNEL_DEVICE_TYPE = "cuda"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
-KERNEL_HEAD_DIMS = (64, 96, 128)
+KERNEL_HEAD_DIMS = tuple(sorted({dim for family in FAMILIES for dim in family.head_dims}))
 
 
 def _built_backward_ops() -> frozenset[str]:
@@ -36,6 +36,10 @@ BUILT_BACKWARD_OPS: frozenset[str] = _built_backward_ops()
 # For the fallback reason; made here, not in the traced path (torch 2.11's dynamo failed on
 # generators over module constants there).
 _WITH_BACKWARD = ", ".join([family.name for family in FAMILIES if family.has_backward])
+# Likewise for the head-dim reason: the families that take each head dim, the head dims of each.
+_FAMILIES_WITH_HEAD_DIM = {dim: ", ".join([family.name for family in FAMILIES if dim in family.head_dims])
+                           for dim in KERNEL_HEAD_DIMS}
+_HEAD_DIMS_OF = {family.name: ", ".join([str(dim) for dim in family.head_dims]) for family in FAMILIES}
 
 
 def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None) -> str | None:
@@ -113,6 +117,16 @@ def _backward_op_built(family: KernelFamily) -> bool:
     return family.backward_op_name in BUILT_BACKWARD_OPS
 
 
+def head_dim_fallback_reason(family: KernelFamily, head_dim: int) -> str | None:
+    """Why ``family`` does not take ``head_dim`` (one of KERNEL_HEAD_DIMS), or None."""
+    if head_dim in family.head_dims:
+        return None
+    forced = _config.kernel_choice("attention") != "auto"
+    prefix = f"kernel {family.name} was forced but " if forced else ""
+    return (f"{prefix}head dim {head_dim} runs on the {_FAMILIES_WITH_HEAD_DIM[head_dim]} kernels only "
+            f"(the {family.name} kernels take head dims {_HEAD_DIMS_OF[family.name]})")
+
+
 def backward_fallback_reason(family: KernelFamily, query, key, value) -> str | None:
     """Why the call cannot run on ``family`` when a gradient is needed, or None.
 
@@ -143,7 +157,9 @@ def decide(query, key, value, attn_mask, dropout_p, scale=None) -> tuple[KernelF
     family, reason = choose_family(query.device)
     if family is None:
         return None, reason
-    reason = backward_fallback_reason(family, query, key, value)
+    reason = head_dim_fallback_reason(family, query.shape[-1])
+    if reason is None:
+        reason = backward_fallback_reason(family, query, key, value)
     if reason is not None:
         return None, reason
     return family, None
