@@ -141,11 +141,12 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::
                 ") must be a multiple of k/v heads (", heads_kv, ")");
     TORCH_CHECK(v.size(2) == len_kv, kOp, "k and v must have the same length, got k ", k.sizes(),
                 " and v ", v.sizes());
-    if (launch == &forward_sm90)
+    if (launch == &forward_sm90) {
         TORCH_CHECK(is_kernel_head_dim(head_dim), kOp, "q head_dim must be 64, 96 or 128, got ", head_dim);
-    else  // the mma.sync kernel is not built for 96 (families.py says why)
+    } else {  // the mma.sync kernel is not built for 96 (families.py says why)
         TORCH_CHECK(head_dim == 64 || head_dim == 128, kOp, "q head_dim must be 64 or 128 (the sm80 kernel), got ",
                     head_dim);
+    }
     TORCH_CHECK(k.size(3) == head_dim, kOp, "k head_dim (", k.size(3), ") must equal q head_dim (",
                 head_dim, ")");
     TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
