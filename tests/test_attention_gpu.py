@@ -513,7 +513,8 @@ def _direct(q=None, k=None, v=None, scale=0.125):
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: _direct(q=randn((1, 4, 32, 80), torch.bfloat16)), "q head_dim must be 64, 96 or 128"),
+    (lambda: _direct(q=randn((1, 4, 32, 80), torch.bfloat16)),
+     r"q head_dim must be 64 or 128 \(the sm80 kernel\), got 80"),
     (lambda: _direct(q=randn((1, 4, 32, 64), torch.float32), k=randn((1, 4, 32, 64), torch.float32),
                      v=randn((1, 4, 32, 64), torch.float32)), "q must be bfloat16 or float16"),
     (lambda: _direct(k=randn((1, 4, 32, 64), torch.float16)), "k has dtype"),
@@ -576,8 +577,7 @@ def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
 
 def test_head_dim_96_is_sm90_only():
     # The sm80 family is not built for d96 (families.py): with it picked, such calls go to SDPA
-    # with the reason, and its op refuses them; the sm90 kernels take them.
-    kernel_must_run_here()
+    # with the reason, and its op refuses them; the sm90 kernels take them (and their op refuses 80).
     seeded("d96 routing")
     q, k, v = make_qkv(2, 4, 4, 100, 100, 96, torch.bfloat16)
     with tk.use_kernel("sm80"):
@@ -591,6 +591,9 @@ def test_head_dim_96_is_sm90_only():
             tk.attention(q, k, v, is_causal=True)
     with pytest.raises(RuntimeError, match=r"q head_dim must be 64 or 128 \(the sm80 kernel\), got 96"):
         torch.ops.tk.attention_fwd(q, k, v, True, 0.1, False)
+    q80 = randn((1, 4, 32, 80), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="q head_dim must be 64, 96 or 128, got 80"):
+        torch.ops.tk.attention_fwd_sm90(q80, q80, q80, True, 0.1, False)
     if FAMILIES["sm90"].unavailable_reason(torch.cuda.get_device_capability()) is None:
         assert tk.explain(q, k, v, is_causal=True).uses_kernel
 
