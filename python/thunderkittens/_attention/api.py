@@ -53,8 +53,8 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Scaled dot-product attention with the contract of F.scaled_dot_product_attention.
 
     query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev) -> (..., Hq, L, Ev).
-    Runs our kernel for CUDA bf16/fp16 inputs with E == Ev in {64, 96, 128}, no mask and no
-    dropout (sm_80 or newer GPU); when query/key/value require grad, only on Hopper (sm_90),
+    Runs our kernel for CUDA bf16/fp16 inputs with E == Ev in {64, 128} (and 96 on Hopper), no
+    mask and no dropout (sm_80 or newer GPU); when query/key/value require grad, only on Hopper (sm_90),
     whose kernel family has a backward: out.backward() then runs tk::attention_bwd_sm90 (other
     GPUs compute such calls with SDPA). Everything else is computed by
     F.scaled_dot_product_attention (see thunderkittens.explain for which path a call takes, and
