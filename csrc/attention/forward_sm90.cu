@@ -47,9 +47,9 @@ namespace kt = kittens;
 // Consumer warpgroups C (64 query rows each), a kernel parameter picked per launch
 // (Sm90Forward::run): at d64 the tensor work per key tile halves while the softmax does not, so
 // a third warpgroup keeps the tensor cores fed; at d128 (and d96) two warpgroups get 240
-// registers each, which O, S and P need. Short causal d64 runs with two: smaller tasks balance better there
-// (measured, session 10, tk/cuDNN forward at b16 h16: n768 0.91 -> 0.95, n1536 and n2048
-// 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98). Long
+// registers each, which O, S and P need. Short causal d64 runs with two: smaller tasks balance
+// better there (measured, session 10, tk/cuDNN forward at b16 h16: n768 0.91 -> 0.95, n1536 and
+// n2048 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98). Long
 // non-causal d128 runs with three (SERIAL_STEPS).
 template <int D> constexpr int CONSUMERS = D <= 64 ? 3 : 2;
 constexpr int SHORT_CAUSAL_D64_MAX_LEN = 2048;  // len_q up to which d64 causal uses two
