@@ -101,16 +101,8 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
 }  // namespace
 
 cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, cudaStream_t stream) {
-    auto with_dtype = [&]<int D>() {
-        return p.dtype == ElementType::bf16 ? statistics<kt::bf16, D>(p, out, stream)
-                                            : statistics<kt::half, D>(p, out, stream);
-    };
-    switch (p.head_dim) {
-        case 64: return with_dtype.template operator()<64>();
-        case 96: return with_dtype.template operator()<96>();
-        case 128: return with_dtype.template operator()<128>();
-        default: return cudaErrorInvalidValue;  // the op layer only passes KERNEL_HEAD_DIMS
-    }
+    return with_dtype_and_head_dim(p.dtype, p.head_dim,
+                                   [&]<typename T, int D>() { return statistics<T, D>(p, out, stream); });
 }
 
 cudaError_t backward_finish_dq(const BackwardParams& p, void* dq, cudaStream_t stream) {
