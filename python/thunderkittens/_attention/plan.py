@@ -20,6 +20,7 @@ from .families import BY_NAME, FAMILIES, KernelFamily
 KERNEL_DEVICE_TYPE = "cuda"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 KERNEL_HEAD_DIMS = tuple(sorted({dim for family in FAMILIES for dim in family.head_dims}))
+_KERNEL_HEAD_DIMS_TEXT = ", ".join(str(dim) for dim in KERNEL_HEAD_DIMS[:-1]) + f" or {KERNEL_HEAD_DIMS[-1]}"
 
 
 def _built_backward_ops() -> frozenset[str]:
@@ -50,7 +51,7 @@ def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None)
         return f"dtype {query.dtype} is not supported by the kernel (bfloat16 and float16 only)"
     head_dim = query.shape[-1]
     if head_dim not in KERNEL_HEAD_DIMS:
-        return f"head dim {head_dim} is not supported by the kernel (64, 96 or 128 only)"
+        return f"head dim {head_dim} is not supported by the kernel ({_KERNEL_HEAD_DIMS_TEXT} only)"
     if value.shape[-1] != head_dim:
         return (f"value head dim {value.shape[-1]} differs from query head dim {head_dim}; "
                 "the kernel needs them equal")
