@@ -426,18 +426,20 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::zero(row_sum);
     };
     // A split task's pieces: slot k of the workspace holds a piece's 64 C rows, this warpgroup's
-    // 64 of them from row 64 consumer on, this warp's 16 from 16 warp on. Each warp counts and
+    // 64 of them from row 64 consumer on, this warp's 16 from 16 warp on (O in the warp's
+    // fragment order, lse by row). Each warp counts and
     // merges its own rows: a warpgroup-wide decision (a flag through shared memory) cost the
     // task loop its uniform registers, and with them the wgmma descriptors (ptxas moved them to
     // vector registers, copied back before every wgmma). The layouts are made where used, for
     // the same reason.
-    auto partial_o = [&] { return kt::gl<float>(g.partial_o, g.tasks - g.whole_tasks, 1, BLOCK_M, D); };
-    auto partial_lse = [&] { return kt::gl<float>(g.partial_lse, g.tasks - g.whole_tasks, 1, 1, BLOCK_M); };
     const int piece_row_tile = consumer * 4 + warp;  // in 16-row units
+    // This warp's O rows of slot k, in its fragment order (kt::store_part).
+    auto partial_o = [&](int k) { return g.partial_o + (int64_t(k) * BLOCK_M + piece_row_tile * 16) * D; };
+    auto partial_lse = [&] { return kt::gl<float>(g.partial_lse, g.tasks - g.whole_tasks, 1, 1, BLOCK_M); };
     // After a piece's rows are closed (O normalised): writes this warp's to the piece's slot, and
     // tells whether it is the last of the task's pieces to have done so (then it merges them).
     auto piece_done_last = [&](const Task& t) {
-        kt::store(partial_o(), o, kt::coord{t.piece, 0, piece_row_tile, 0});
+        kt::store_part(partial_o(t.piece), o);
         kt::store(partial_lse(), lse, kt::coord{t.piece, 0, 0, piece_row_tile});
         const int counter = ((t.piece >> g.piece_shift) * CONSUMERS + consumer) * 4 + warp;
         return kt::arrive_last(g.pieces_done + counter, 1 << g.piece_shift);
@@ -459,7 +461,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         for (int k = 0; k < pieces; k++) {
             kt::rt_fl<16, D> o_k;
             kt::load(lse_k, partial_lse(), kt::coord{first + k, 0, 0, piece_row_tile});
-            kt::load(o_k, partial_o(), kt::coord{first + k, 0, piece_row_tile, 0});
+            kt::load_part(o_k, partial_o(first + k));
             kt::for_each_slot(lse_k, [&](int tt, int i, float& x) {  // x becomes the piece's weight
                 const float m = top.data[tt][i];
                 x = m == kt::neg_infinity() ? 0.f : exp2f((x - m) * LOG2E);
