@@ -445,28 +445,31 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         return kt::arrive_last(g.pieces_done + counter, 1 << g.piece_shift);
     };
     // The last piece's warp: o and lse become the whole task's, from the pieces' partial results
-    // in piece order (not arrival order, so the output is the same on every run):
+    // in piece order (not arrival order, so the output is the same on every run), in one pass
+    // (one round trip to L2 per piece) with a running max, as the softmax's:
     // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k.
     auto merge_pieces = [&](const Task& t) {
         constexpr float LN2 = 0.6931471805599453f;
         const int pieces = 1 << g.piece_shift, first = t.piece & -pieces;
-        row_values top, sum, lse_k;
+        row_values top, sum;
         kt::neg_infty(top);
-        for (int k = 0; k < pieces; k++) {
-            kt::load(lse_k, partial_lse(), kt::coord{first + k, 0, 0, piece_row_tile});
-            kt::max(top, top, lse_k);
-        }
         kt::zero(sum);
         kt::zero(o);
         for (int k = 0; k < pieces; k++) {
+            row_values lse_k, keep;  // lse_k becomes the piece's weight; keep, the old terms'
             kt::rt_fl<16, D> o_k;
             kt::load(lse_k, partial_lse(), kt::coord{first + k, 0, 0, piece_row_tile});
             kt::load_part(o_k, partial_o(first + k));
-            kt::for_each_slot(lse_k, [&](int tt, int i, float& x) {  // x becomes the piece's weight
-                const float m = top.data[tt][i];
-                x = m == kt::neg_infinity() ? 0.f : exp2f((x - m) * LOG2E);
+            kt::for_each_slot(lse_k, [&](int tt, int i, float& x) {
+                const float m = fmaxf(top.data[tt][i], x);
+                const bool none = m == kt::neg_infinity();  // no piece so far saw a key of the row
+                keep.data[tt][i] = none ? 0.f : exp2f((top.data[tt][i] - m) * LOG2E);
+                x = none ? 0.f : exp2f((x - m) * LOG2E);
+                top.data[tt][i] = m;
             });
+            kt::mul(sum, sum, keep);
             kt::add(sum, sum, lse_k);
+            kt::mul_row(o, o, keep);
             kt::mul_row(o_k, o_k, lse_k);
             kt::add(o, o, o_k);
         }
