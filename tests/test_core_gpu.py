@@ -254,6 +254,22 @@ def test_arrive_last(core, blocks):
     assert_same(sums, values.sum(dim=0))
 
 
+def test_store_part_and_load_part(core):
+    """A float tile written as a part comes back exactly, and the part holds lane l's 16-byte
+    chunk q at float4 index 32 q + l: lane 0's first chunk is its elements (0,0), (0,1), (8,0),
+    (8,1) of the accumulator fragment, lane 1's (0,2), (0,3), (8,2), (8,3)."""
+    rows, cols = ARRIVAL_WARPS * 32, 64
+    tile = randn(1, 1, rows, cols, dtype=torch.float32)
+    parts = nans(rows * cols)
+    out = torch.full_like(tile, NAN)
+    core.part_roundtrip(gl(tile), parts.data_ptr(), gl(out), stream())
+    torch.cuda.synchronize()
+    assert_same(out, tile)
+    t = tile[0, 0]
+    assert_same(parts[:8], torch.stack([t[0, 0], t[0, 1], t[8, 0], t[8, 1], t[0, 2], t[0, 3], t[8, 2], t[8, 3]]))
+    assert_same(parts.sort().values, tile.flatten().sort().values)  # every element once
+
+
 # ---------------------------------------------------------------------------------------------
 # maps, broadcasts, masks, fills, reductions (ids: tests/core_kernels/tile_ops.cu)
 # ---------------------------------------------------------------------------------------------

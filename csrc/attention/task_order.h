@@ -76,7 +76,8 @@ struct TailSplit {
 // (the partial results written, fenced, counted, read back and merged, the merged rows stored
 // from registers), about what 4-6 d64 tiles take. Session 16, forward kernel us unsplit ->
 // split, d64, 4 tasks: 8 tiles in 2 pieces 14.9 -> 18.5, 16 tiles in 4 pieces 26.2 -> 20.4,
-// 32 in 8 49.1 -> 26.8; 64 tasks, 16 tiles in 2 pieces 27.2 -> 27.6.
+// 32 in 8 49.1 -> 26.8; 64 tasks, 16 tiles in 2 pieces 27.2 -> 27.6. (Session 35 cut the merge
+// of 8 pieces from 52-54k to 12-18k cycles, kt::store_part; these limits were not re-measured.)
 constexpr int MIN_TILES_PER_PIECE = 4;
 constexpr int MIN_TILES_SAVED = 12;
 constexpr int MAX_PIECE_SHIFT = 6;  // 64 pieces; with < 2^24 tiles, piece * tiles fits an int

@@ -12,6 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("register_global", &tk_test::register_global);
     m.def("vector_global", &tk_test::vector_global);
     m.def("last_arrival", &tk_test::last_arrival);
+    m.def("part_roundtrip", &tk_test::part_roundtrip);
     m.def("tile_op", &tk_test::tile_op);
     m.def("convert", &tk_test::convert);
     m.def("mma", &tk_test::mma);

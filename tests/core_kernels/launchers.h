@@ -45,6 +45,10 @@ void tile_op(int dtype, int layout, int op, const gl_args& a, const gl_args& b, 
 void last_arrival(int64_t values, int64_t parts, int64_t counters, int64_t sums, int64_t lasts, int blocks,
                   int64_t stream);
 
+// store_part then (a second launch) load_part of 4 row tiles of 32 x 64 floats: in and out are
+// 128 x 64, parts 128 * 64 floats (a pointer as an int).
+void part_roundtrip(const gl_args& in, int64_t parts, const gl_args& out, int64_t stream);
+
 // Register tile conversion (op ids in conversion_ops.cu) of a 32x64 tile.
 void convert(int in_dtype, int out_dtype, int op, const gl_args& in, const gl_args& out, int64_t stream);
 

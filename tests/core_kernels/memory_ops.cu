@@ -1,7 +1,7 @@
 // Memory movement tests: global <-> shared (warp / warpgroup, sync / cp.async,
 // bounded), shared <-> register (ldmatrix and element paths, sub-tile views),
 // global <-> register tiles and vectors (bounded), and arrive_last (parts combined by the last
-// block to finish).
+// block to finish) with store_part / load_part (a float tile as a part, in fragment order).
 #include "common.cuh"
 
 namespace tk_test {
@@ -184,6 +184,33 @@ void last_arrival(int64_t values, int64_t parts, int64_t counters, int64_t sums,
         reinterpret_cast<const float*>(values), reinterpret_cast<float*>(parts), reinterpret_cast<int*>(counters),
         reinterpret_cast<float*>(sums), reinterpret_cast<int*>(lasts));
     check_launch("last_arrival");
+}
+
+// ---------------------------------------------------------------------------
+// store_part / load_part: warp w loads row tile w (32 x 64 floats) of `in` and writes it to
+// part w (`parts` + w * 32 * 64) in its fragment order; a second launch's warp w reads part w
+// back (through L2) and stores it as row tile w of `out`.
+// ---------------------------------------------------------------------------
+constexpr int kPartRows = 32, kPartCols = 64;
+
+__global__ void __launch_bounds__(kArrivalWarps * 32) part_store_kernel(gl<float> in, float* parts) {
+    rt_fl<kPartRows, kPartCols> tile;
+    load(tile, in, coord{0, 0, warp_id(), 0});
+    store_part(parts + warp_id() * kPartRows * kPartCols, tile);
+}
+
+__global__ void __launch_bounds__(kArrivalWarps * 32) part_load_kernel(const float* parts, gl<float> out) {
+    rt_fl<kPartRows, kPartCols> tile;
+    load_part(tile, parts + warp_id() * kPartRows * kPartCols);
+    store(out, tile, coord{0, 0, warp_id(), 0});
+}
+
+void part_roundtrip(const gl_args& in, int64_t parts, const gl_args& out, int64_t stream) {
+    part_store_kernel<<<1, kArrivalWarps * 32, 0, as_stream(stream)>>>(make_gl<float>(in), reinterpret_cast<float*>(parts));
+    check_launch("part_store");
+    part_load_kernel<<<1, kArrivalWarps * 32, 0, as_stream(stream)>>>(reinterpret_cast<const float*>(parts),
+                                                                       make_gl<float>(out));
+    check_launch("part_load");
 }
 
 }  // namespace tk_test
