@@ -447,7 +447,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // The last piece's warp: o and lse become the whole task's, from the pieces' partial results
     // in piece order (not arrival order, so the output is the same on every run), in one pass
     // (one round trip to L2 per piece) with a running max, as the softmax's:
-    // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k.
+    // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k. Measured (session 35): 8
+    // pieces merged in 12-18k cycles a warp, against 52-54k in two passes over row-major parts;
+    // the last round's end came earlier and b8 h16 n6144 d128 full took 3689 us, not 3751.
     auto merge_pieces = [&](const Task& t) {
         constexpr float LN2 = 0.6931471805599453f;
         const int pieces = 1 << g.piece_shift, first = t.piece & -pieces;
