@@ -31,37 +31,39 @@ __device__ __forceinline__ bool arrive_last(int* counter, int arrivals) {
 // tile took 64 scalar accesses per lane, each warp access using half of its 32-byte sectors;
 // this way it takes 16. With it and a one-pass merge, the attention forward's last warp merged
 // 8 parts in 12-18k cycles instead of 52-54k (session 35, clock64 probes).
+namespace detail {
+// f(index, pairs) for each 16-byte chunk of a float tile's registers: `pairs` its first
+// register pair (the chunk is pairs[0], pairs[1]), `index` its float4 index in the part.
+template <typename RT, typename F>
+__device__ __forceinline__ void for_each_part_chunk(RT& tile, F&& f) {
+    using Tile = std::remove_const_t<RT>;
+    static_assert(std::same_as<typename Tile::dtype, float>, "store_part / load_part: float tiles");
+#pragma unroll
+    for (int i = 0; i < Tile::height; i++)
+#pragma unroll
+        for (int j = 0; j < Tile::width; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) f((((i * Tile::width + j) * 2 + h) * 32) + lane_id(), &tile.tiles[i][j].data[2 * h]);
+}
+}  // namespace detail
+
 template <register_tile RT>
 __device__ __forceinline__ void store_part(float* part, const RT& src) {
-    static_assert(std::same_as<typename RT::dtype, float>, "store_part: float tiles");
-    float4* chunks = reinterpret_cast<float4*>(part) + lane_id();
-#pragma unroll
-    for (int i = 0; i < RT::height; i++)
-#pragma unroll
-        for (int j = 0; j < RT::width; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const auto& pairs = src.tiles[i][j].data;
-                chunks[((i * RT::width + j) * 2 + h) * 32] =
-                    make_float4(pairs[2 * h].x, pairs[2 * h].y, pairs[2 * h + 1].x, pairs[2 * h + 1].y);
-            }
+    float4* chunks = reinterpret_cast<float4*>(part);
+    detail::for_each_part_chunk(src, [&](int index, const float2* pairs) {
+        chunks[index] = make_float4(pairs[0].x, pairs[0].y, pairs[1].x, pairs[1].y);
+    });
 }
 
 // The tile store_part wrote, read through L2 (another SM wrote it: see arrive_last).
 template <register_tile RT>
 __device__ __forceinline__ void load_part(RT& dst, const float* part) {
-    static_assert(std::same_as<typename RT::dtype, float>, "load_part: float tiles");
-    const float4* chunks = reinterpret_cast<const float4*>(part) + lane_id();
-#pragma unroll
-    for (int i = 0; i < RT::height; i++)
-#pragma unroll
-        for (int j = 0; j < RT::width; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float4 c = __ldcg(chunks + ((i * RT::width + j) * 2 + h) * 32);
-                auto& pairs = dst.tiles[i][j].data;
-                pairs[2 * h].x = c.x, pairs[2 * h].y = c.y, pairs[2 * h + 1].x = c.z, pairs[2 * h + 1].y = c.w;
-            }
+    const float4* chunks = reinterpret_cast<const float4*>(part);
+    detail::for_each_part_chunk(dst, [&](int index, float2* pairs) {
+        const float4 c = __ldcg(chunks + index);
+        pairs[0] = make_float2(c.x, c.y);
+        pairs[1] = make_float2(c.z, c.w);
+    });
 }
 
 }  // namespace kittens
