@@ -23,14 +23,6 @@ __device__ __forceinline__ bool arrive_last(int* counter, int arrivals) {
     return last;
 }
 
-// A part that is a float register tile goes out and comes back in its own fragment order:
-// 16-byte chunk q of lane l (its register pairs 2q and 2q + 1) at float4 index 32 q + l of
-// `part`, so every access of the warp covers 512 contiguous bytes. Only a warp at the same
-// tile position (the same lane -> element map) can read it back; `part` is 16-byte aligned and
-// holds RT::rows * RT::cols floats. Through a row-major layout (kt::store, kt::load) a 16 x 128
-// tile took 64 scalar accesses per lane, each warp access using half of its 32-byte sectors;
-// this way it takes 16. With it and a one-pass merge, the attention forward's last warp merged
-// 8 parts in 12-18k cycles instead of 52-54k (session 35, clock64 probes).
 namespace detail {
 // f(index, pairs) for each 16-byte chunk of a float tile's registers: `pairs` its first
 // register pair (the chunk is pairs[0], pairs[1]), `index` its float4 index in the part.
@@ -43,10 +35,19 @@ __device__ __forceinline__ void for_each_part_chunk(RT& tile, F&& f) {
 #pragma unroll
         for (int j = 0; j < Tile::width; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) f((((i * Tile::width + j) * 2 + h) * 32) + lane_id(), &tile.tiles[i][j].data[2 * h]);
+            for (int h = 0; h < 2; h++)
+                f(((i * Tile::width + j) * 2 + h) * 32 + lane_id(), &tile.tiles[i][j].data[2 * h]);
 }
 }  // namespace detail
 
+// A part that is a float register tile goes out and comes back in its own fragment order:
+// 16-byte chunk q of lane l (its register pairs 2q and 2q + 1) at float4 index 32 q + l of
+// `part`, so every access of the warp covers 512 contiguous bytes. Only a warp at the same
+// tile position (the same lane -> element map) can read it back; `part` is 16-byte aligned and
+// holds RT::rows * RT::cols floats. Through a row-major layout (kt::store, kt::load) a 16 x 128
+// tile took 64 scalar accesses per lane, each warp access using half of its 32-byte sectors;
+// this way it takes 16. With it and a one-pass merge, the attention forward's last warp merged
+// 8 parts in 12-18k cycles instead of 52-54k (session 35, clock64 probes).
 template <register_tile RT>
 __device__ __forceinline__ void store_part(float* part, const RT& src) {
     float4* chunks = reinterpret_cast<float4*>(part);
