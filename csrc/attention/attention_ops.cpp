@@ -75,12 +75,12 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     }
 }
 
-// The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
-// positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
 // The head dims the sm90 kernels are built for (dispatch.h; families.py; the sm80 forward takes 64
 // and 128 only).
 bool is_kernel_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 96 || head_dim == 128; }
 
+// The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
+// positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
 void check_scale(double scale, const char* op) {
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 }

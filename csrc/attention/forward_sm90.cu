@@ -427,11 +427,10 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     };
     // A split task's pieces: slot k of the workspace holds a piece's 64 C rows, this warpgroup's
     // 64 of them from row 64 consumer on, this warp's 16 from 16 warp on (O in the warp's
-    // fragment order, lse by row). Each warp counts and
-    // merges its own rows: a warpgroup-wide decision (a flag through shared memory) cost the
-    // task loop its uniform registers, and with them the wgmma descriptors (ptxas moved them to
-    // vector registers, copied back before every wgmma). The layouts are made where used, for
-    // the same reason.
+    // fragment order, lse by row). Each warp counts and merges its own rows: a warpgroup-wide
+    // decision (a flag through shared memory) cost the task loop its uniform registers, and with
+    // them the wgmma descriptors (ptxas moved them to vector registers, copied back before every
+    // wgmma). The layouts are made where used, for the same reason.
     const int piece_row_tile = consumer * 4 + warp;  // in 16-row units
     // This warp's O rows of slot k, in its fragment order (kt::store_part).
     auto partial_o = [&](int k) { return g.partial_o + (int64_t(k) * BLOCK_M + piece_row_tile * 16) * D; };
