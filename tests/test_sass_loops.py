@@ -1,4 +1,4 @@
-"""scripts/sass_loops.py finds where local-memory traffic sits in a kernel's control flow.
+"""tools/sass_loops.py finds where local-memory traffic sits in a kernel's control flow.
 
 Synthetic listings in the two formats it reads: a warp-specialised kernel whose producer (after
 setmaxnreg.dec) spills in its loop, and whose consumers (after setmaxnreg.inc) run a tensor-core
@@ -6,13 +6,24 @@ loop nested in a per-task loop; variants put a spill in the consumers' task loop
 in their tensor-core loop (hot).
 """
 
+import importlib
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import sass_loops  # noqa: E402
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+@pytest.fixture(scope="module")
+def sass_loops():
+    # Imported here, not at collection: tools/ is not a package and not on the path.
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return importlib.import_module("sass_loops")
+    finally:
+        sys.path.remove(str(TOOLS))
+
 
 # (label, opcode text) in program order; branches name their target label.
 KERNEL = [
@@ -54,25 +65,25 @@ def listing(style: str, task_spill: str = "NOP", step_spill: str = "NOP") -> str
 
 
 @pytest.mark.parametrize("style", ["cuobjdump", "nvdisasm"])
-def test_producer_spills_are_not_in_the_hot_loop(style):
+def test_producer_spills_are_not_in_the_hot_loop(sass_loops, style):
     (row,) = sass_loops.report(listing(style))
     assert (row.total, row.hot, row.hot_loops) == (2, 0, 1)
     assert row.by_role == {"producer": 2, "consumer": 0, "shared": 0, "setup": 0}
 
 
 @pytest.mark.parametrize("style", ["cuobjdump", "nvdisasm"])
-def test_a_per_task_spill_is_not_hot(style):
+def test_a_per_task_spill_is_not_hot(sass_loops, style):
     (row,) = sass_loops.report(listing(style, task_spill="STL [R1+0x8], R5"))
     assert (row.total, row.hot) == (3, 0)
     assert row.by_role["consumer"] == 1
 
 
 @pytest.mark.parametrize("style", ["cuobjdump", "nvdisasm"])
-def test_a_spill_in_the_tensor_core_loop_is_hot(style):
+def test_a_spill_in_the_tensor_core_loop_is_hot(sass_loops, style):
     (row,) = sass_loops.report(listing(style, step_spill="LDL R7, [R1+0x10]"))
     assert (row.total, row.hot) == (3, 1)
 
 
-def test_kernels_without_local_memory_are_not_listed():
+def test_kernels_without_local_memory_are_not_listed(sass_loops):
     text = listing("cuobjdump").replace("STL [R1], R2", "NOP").replace("LDL R2, [R1]", "NOP")
     assert sass_loops.report(text) == []
