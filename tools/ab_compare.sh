@@ -3,26 +3,26 @@
 # same command against each in interleaved rounds, so that a drift of the GPU clock or of the
 # peers falls on every version alike.
 #
-#   bash scripts/ab_compare.sh [-r ROUNDS] NAME=REF [NAME=REF ...] -- COMMAND [ARGS...]
+#   bash tools/ab_compare.sh [-r ROUNDS] NAME=REF [NAME=REF ...] -- COMMAND [ARGS...]
 #
 # REF is a git commit-ish, or "." for the working tree's tracked files as they are (uncommitted
 # edits included, untracked files not). Each version is checked out into its own worktree,
 # $TK_AB_DIR/NAME (default /tmp/tk_ab/NAME), and built there with `setup.py build_ext
 # --inplace`, all versions at once with MAX_JOBS shared between them (TK_CUDA_ARCHS, MAX_JOBS,
-# TK_OPS apply as for any build; TK_CUDA_ARCHS defaults to 90a here). Five matmul-only builds
-# side by side took 42-50 s on the lent H200's 16 cores (session 24), one alone about as long.
-# COMMAND runs from this tree, so every version is timed by the same scripts, with the version's
-# package first on PYTHONPATH; each run is headed "== NAME ROUND".
+# TK_OPS apply as for any build; TK_CUDA_ARCHS defaults to 90a here). Side by side, the builds
+# take about as long as one on a 16-core machine. COMMAND runs from this tree, so every version
+# is timed by the same code, with the version's package first on PYTHONPATH (and this tree's root
+# after it, for `python -m benchmarks`); each run is headed "== NAME ROUND".
 #
-# On the lent GPU machine the working tree arrives current but .git may not: in session 9 its
-# HEAD and branches were those of the session's start, so HEAD~1 and HEAD built two old commits
-# and "." would miss files added since. Bring the commits along in an untracked bundle
+# Where the working tree is copied to the GPU machine without its current .git, HEAD and the
+# branches there can be older than the tree: bring the commits along in an untracked bundle
 # (git bundle create tmp/ab.bundle BASE..BRANCH ...), fetch it there first
 # (git fetch -q tmp/ab.bundle "refs/heads/*:refs/heads/*"), name versions by commit hash, and
 # check the "built NAME (hash)" lines.
 #
-# Example (base against the working tree, two rounds):
-#   bash scripts/ab_compare.sh -r 2 base=HEAD new=. -- python scripts/profile_attention.py --config 16,16,3072,128
+# Examples (base against the working tree, two rounds):
+#   bash tools/ab_compare.sh -r 2 base=HEAD new=. -- python -m benchmarks --ops attention --quick
+#   bash tools/ab_compare.sh -r 2 base=HEAD new=. -- python tools/sustained.py --attention 16,16,3072,128
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
@@ -35,14 +35,13 @@ while [[ $# -gt 0 && $1 != -- ]]; do
 done
 [[ $1 == -- ]] && shift
 if [[ ${#NAMES[@]} -lt 1 || $# -lt 1 ]]; then
-    echo "usage: bash scripts/ab_compare.sh [-r ROUNDS] NAME=REF [NAME=REF ...] -- COMMAND [ARGS...]" >&2
+    echo "usage: bash tools/ab_compare.sh [-r ROUNDS] NAME=REF [NAME=REF ...] -- COMMAND [ARGS...]" >&2
     exit 2
 fi
 AB_DIR=${TK_AB_DIR:-/tmp/tk_ab}
 export TK_CUDA_ARCHS=${TK_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-16}
-# As in gpu_check.sh: the lent H200's default CXX links libstdc++ statically, and a C++ exception
-# thrown by the op (any argument check) then crashes the process (session 11: a segfault in the
-# backward op's input-check tests of an A/B build).
+# As in gpu_check.sh: a CXX wrapper that links libstdc++ statically makes any C++ exception
+# thrown by an op (an argument check) crash the process.
 export CXX=${TK_CXX:-g++}
 mkdir -p "$AB_DIR"
 

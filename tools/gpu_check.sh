@@ -2,23 +2,25 @@
 # The one-call GPU check: environment, build, full pytest, compute-sanitizer, SASS census,
 # benchmarks; logs and JSON under $OUT (default ./gpu_out), a compact summary printed last.
 #
-#   bash scripts/gpu_check.sh
+#   bash tools/gpu_check.sh
 #
 # Knobs (environment):
 #   OUT               where logs go (default ./gpu_out)
-#   TK_CUDA_ARCHS     build targets (default 90a: the lent H200)
+#   TK_CUDA_ARCHS     build targets (default 90a: Hopper)
 #   MAX_JOBS          parallel compile jobs (default 16)
 #   TK_CHECK_STEPS    steps to run, comma list of build,test,sanitize,bench (default all). Split a
 #                     long check over two calls, e.g. build,test then sanitize,bench: the build
 #                     stays on a warm machine.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
-#   TK_SANITIZE_SCRIPTS  which scripts/sanitize_<op>.py to run (default "attention attention_backward matmul")
+#   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
-#   TK_CHECK_BUDGET_S seconds the whole check may take (default 570: the device tool allows 600
-#                     per command); steps are cut short or skipped so the summary still prints
+#   TK_CHECK_BUDGET_S seconds the whole check may take (default 570, to fit a 10-minute limit on
+#                     one command); steps are cut short or skipped so the summary still prints
 #   PYTHON            interpreter (default python3)
 #
-# Every step runs even when an earlier one failed; the exit status is non-zero if any failed.
+# Every step runs even when an earlier one failed. The exit status is non-zero if any failed:
+# pytest's own exit status when pytest failed (it fails, among others, when GPU tests were skipped
+# on a GPU machine because no kernel was chosen), else 1.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
@@ -91,10 +93,10 @@ NVCC_LINE=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*, V[0-9.]*')
 echo "GPU: $GPU_LINE"; echo "$TORCH_LINE"; echo "nvcc: $NVCC_LINE"
 
 # ---- build ----------------------------------------------------------------------------------
-# The lent H200 sets CXX to a wrapper (/opt/gcc/bin/g++) that links libstdc++ statically into
-# shared objects; a second libstdc++ inside _C crashed (SIGSEGV in ostream) on the first
-# TORCH_CHECK message that formats a number. Build with the system g++ (first on PATH there)
-# unless TK_CXX names another; the check after the build catches a static libstdc++ anyway.
+# Some machines set CXX to a wrapper that links libstdc++ statically into shared objects; a
+# second libstdc++ inside _C crashed (SIGSEGV in ostream) on the first TORCH_CHECK message that
+# formats a number. Build with the g++ first on PATH unless TK_CXX names another; the check after
+# the build catches a static libstdc++ anyway.
 export CXX=${TK_CXX:-g++}
 if want build; then
     banner "build (TK_CUDA_ARCHS=$TK_CUDA_ARCHS, MAX_JOBS=$MAX_JOBS)"
@@ -112,7 +114,7 @@ if want build; then
             "$PY" setup.py build_ext --inplace >> "$OUT/build.log" 2>&1
     fi
     # ptxas -v: registers / spills / shared memory per kernel and arch.
-    "$PY" scripts/kernel_report.py ptxas "$OUT/build.log" > "$OUT/ptxas.log" 2>&1
+    "$PY" tools/kernel_report.py ptxas "$OUT/build.log" > "$OUT/ptxas.log" 2>&1
     grep -E "error|Error" "$OUT/build.log" | grep -v -- "-Werror" | head -20 > "$OUT/build_errors.log"
     # ptxas C7512: wgmma serialized (a wait after every instruction) for lack of registers.
     grep -o "C7512.*function '[^']*'" "$OUT/build.log" | sed "s/.*function '//; s/'$//" | sort -u \
@@ -140,17 +142,34 @@ if want build && [[ -n $SO && -n $CUOBJDUMP ]]; then
     banner "SASS census ($CUOBJDUMP)"
     "$CUOBJDUMP" --dump-sass "$SO" > "$OUT/sass.txt" 2>&1
     # Per kernel and arch: tensor-core, ldmatrix, cp.async, TMA, shared/global instructions.
-    "$PY" scripts/kernel_report.py sass "$OUT/sass.txt" > "$OUT/sass_counts.log" 2>&1
+    "$PY" tools/kernel_report.py sass "$OUT/sass.txt" > "$OUT/sass_counts.log" 2>&1
     # Where the spills are: local loads/stores per kernel, and how many in tensor-core loops.
-    "$PY" scripts/kernel_report.py local "$OUT/sass.txt" > "$OUT/sass_local.log" 2>&1
+    "$PY" tools/kernel_report.py local "$OUT/sass.txt" > "$OUT/sass_local.log" 2>&1
     gzip -f "$OUT/sass.txt"
 fi
 
 # ---- tests ----------------------------------------------------------------------------------
+PYTEST_RC=0
 if want test; then
     banner "pytest"
+    rm -f "$OUT/junit.xml"
     run_step pytest 540 "$PY" -m pytest tests -q -rfEs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+    PYTEST_RC=$?
 fi
+
+# "passed P, failed F, errors E, skipped S (of T)" from pytest's JUnit XML.
+pytest_counts() {
+    "$PY" - "$1" <<'EOF' 2>/dev/null
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+n = {key: sum(int(suite.get(key, 0)) for suite in suites) for key in ("tests", "failures", "errors", "skipped")}
+passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+print(f"passed {passed}, failed {n['failures']}, errors {n['errors']}, skipped {n['skipped']} (of {n['tests']})")
+EOF
+}
 
 # ---- compute-sanitizer ----------------------------------------------------------------------
 SANITIZER=$(find_tool compute-sanitizer)
@@ -165,7 +184,7 @@ if want sanitize; then
             # accesses past the end of an output as out of bounds.
             run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul}; do
                     PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool --error-exitcode 99 \
-                        '$PY' scripts/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
+                        '$PY' tools/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
         done
     fi
 fi
@@ -197,8 +216,15 @@ if want build; then
     fi
 fi
 if want test && [[ -s $OUT/pytest.log ]]; then
-    echo "-- pytest: $(tail -1 "$OUT/pytest.log")"
+    counts=$([[ -s $OUT/junit.xml ]] && pytest_counts "$OUT/junit.xml")
+    echo "-- pytest: ${counts:-(no junit.xml)} | exit status $PYTEST_RC | $(tail -1 "$OUT/pytest.log" | cut -c1-200)"
     grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -25 | cut -c1-240
+    # Skip reasons, grouped by pytest (-rs): on a GPU machine every skip deserves a look.
+    grep -E "^SKIPPED " "$OUT/pytest.log" | head -12 | cut -c1-240
+    if ((PYTEST_RC != 0)) && ! grep -qE "^(FAILED|ERROR) " "$OUT/pytest.log"; then
+        echo "   pytest failed without a failing test; its last lines (pytest.log):"
+        tail -6 "$OUT/pytest.log" | cut -c1-240 | sed 's/^/   /'
+    fi
 fi
 if want sanitize; then
     for tool in ${SANITIZERS//,/ }; do
@@ -217,4 +243,9 @@ if want bench && [[ -s $OUT/bench.log ]]; then
     fi
 fi
 echo "logs: $OUT"
+if ((PYTEST_RC != 0)); then
+    echo "FAILED: pytest exited with status $PYTEST_RC"
+    exit $PYTEST_RC
+fi
+((FAILED)) && echo "FAILED: see the steps above"
 exit $FAILED

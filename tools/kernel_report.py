@@ -1,8 +1,8 @@
 """Condense compiler output about our kernels into one line per kernel (used by gpu_check.sh).
 
-    python3 scripts/kernel_report.py ptxas build.log     # registers, spills, smem per kernel
-    python3 scripts/kernel_report.py sass sass.txt       # instruction census per kernel
-    python3 scripts/kernel_report.py local sass.txt      # where local memory (spills) sits
+    python3 tools/kernel_report.py ptxas build.log     # registers, spills, smem per kernel
+    python3 tools/kernel_report.py sass sass.txt       # instruction census per kernel
+    python3 tools/kernel_report.py local sass.txt      # where local memory (spills) sits
 
 ptxas mode reads `-Xptxas -v` output (TK_PTXAS_VERBOSE=1); sass mode reads
 `cuobjdump --dump-sass` output and counts the instructions that show whether a kernel uses what

@@ -1,7 +1,7 @@
 """Small attention calls for compute-sanitizer (memcheck / racecheck / synccheck).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
-        python3 scripts/sanitize_attention.py
+        python3 tools/sanitize_attention.py
 
 Covers odd lengths (partial tiles), Lq != Lk both ways, both dtypes, both head dims, causal and
 not (and causal_lower_right with Lq > Lk and Lq < Lk), GQA, and strided (transposed) inputs;

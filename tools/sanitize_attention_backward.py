@@ -2,7 +2,7 @@
 checked against float64 gradients computed on the CPU.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
-        python3 scripts/sanitize_attention_backward.py
+        python3 tools/sanitize_attention_backward.py
 
 Calls the sm90 forward and backward ops directly (no fallback can hide a kernel problem) on
 partial tiles, Lq != Lk both ways, both dtypes and head dims, causal and not (and lower-right

@@ -1,7 +1,7 @@
 """Small tk.matmul calls for compute-sanitizer (memcheck / racecheck / synccheck).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
-        python3 scripts/sanitize_matmul.py
+        python3 tools/sanitize_matmul.py
 
 Calls torch.ops.tk.matmul directly (no fallback can hide a kernel problem) on partial tiles in
 every dim, every operand layout (row-major, and column-major views like x.mT), broadcast

@@ -1,7 +1,7 @@
 """tk against its peer run back to back for seconds: time, energy, power and clock per call.
 
-    python3 scripts/sustained.py --matmul 4096x4096x4096 4096x14336x4096 [--bt]
-    python3 scripts/sustained.py --attention 8,16,6144,128 8,16,6144,128,0,16,bwd [--seconds 3]
+    python3 tools/sustained.py --matmul 4096x4096x4096 4096x14336x4096 [--bt]
+    python3 tools/sustained.py --attention 8,16,6144,128 8,16,6144,128,0,16,bwd [--seconds 3]
 
 The benchmarks time calls under 2 ms in bursts after an idle GPU sleep and longer ones for a few
 hundred milliseconds per turn (benchmarks/timing.py); this is the steady state of a training
