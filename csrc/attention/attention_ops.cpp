@@ -15,7 +15,7 @@
 #include <limits>
 #include <tuple>
 
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 #include "device_facts.h"
 
 namespace tk::attention {
@@ -85,7 +85,7 @@ void check_scale(double scale, const char* op) {
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 }
 
-// The kernels' causal diagonal (forward_params.h: key j visible to query i iff
+// The kernels' causal diagonal (attention_params.h: key j visible to query i iff
 // j <= i + causal_offset): 0 is SDPA's is_causal (top-left), Lk - Lq its causal_lower_right.
 int causal_offset(bool is_causal, bool lower_right, int64_t len_q, int64_t len_kv, const char* op) {
     TORCH_CHECK(is_causal || !lower_right, op,

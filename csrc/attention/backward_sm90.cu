@@ -11,7 +11,7 @@
 // land while this one finishes; at d64 K and V are double-buffered too (at d128 shared memory
 // is full, so a task's V and K are released in its last step once read, after its dP^T and dQ
 // products, and the next task's load during the rest of that step). Per query block, with
-// c = scale * log2(e) and the per-row statistics as backward_rows.cu leaves them
+// c = scale * log2(e) and the per-row statistics as backward_statistics.cu leaves them
 // (shift = -lse / scale, neg_delta = -rowsum(dO * O)):
 //   S^T  = shift + K Q_i^T,   dP^T = V dO_i^T      wgmma, Q and dO from shared memory; K and V
 //                                                  from shared memory (d128) or registers (d64);
@@ -27,7 +27,7 @@
 //                                                     later), from dS^T in shared memory; TMA
 //                                                     reduce-add into an fp32 accumulator
 //                                                     (deterministic mode: the key blocks
-//                                                     take turns in a fixed order, turns.cuh)
+//                                                     take turns in a fixed order, ordered_reduce.cuh)
 // The warpgroups wait for each other only over dS^T (and at d128 take turns issuing products,
 // see the consumers), so one's elementwise work mostly overlaps the other's products; within
 // a warpgroup the products are split into groups that overlap its own exponentials and dQ
@@ -47,7 +47,7 @@
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
 #include "attention/dispatch.h"
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 #include "attention/task_order.h"
 
 namespace tk::attention {
@@ -129,7 +129,7 @@ struct Globals {
     const float *score_shift, *neg_delta;  // (B, Hq, len_q_padded)
     int* task_counter;                     // causal or deterministic: zeroed before the launch
     // Deterministic: one turn counter per (batch, query head, query block), zeroed before the
-    // launch; the key blocks reduce-add into that dQ block in ascending order (turns.cuh).
+    // launch; the key blocks reduce-add into that dQ block in ascending order (ordered_reduce.cuh).
     // nullptr: reduce-adds in arrival order.
     int* dq_turns;
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
     __syncthreads();
 
     // Deterministic: the key blocks add into each dQ block in ascending order, taking turns at
-    // a global counter per dQ block (turns.cuh). A waiting turn must not hold up the
+    // a global counter per dQ block (ordered_reduce.cuh). A waiting turn must not hold up the
     // consumers, so one producer thread, the keeper, does it: a consumer warpgroup stages its
     // dQ block as usual and hands it over (dq_staged); the keeper waits for the block's turn,
     // reduce-adds it, frees the staging tile once read (dq_free), and ends the turn once
@@ -291,12 +291,12 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
                     continue;
                 }
                 int* turn = g.dq_turns + (job.b * g.heads_q + job.h) * q_blocks + job.i;
-                kt::turns::wait_for_turn(turn, job.kv_block);
+                kt::ordered_reduce::wait_for_turn(turn, job.kv_block);
                 kt::tma::store_add_async(&g.dq_map, sh.staging[c].dq, kt::coord{job.b, job.h, job.i, 0});
                 kt::tma::store_commit();
                 kt::tma::store_wait_read<0>();
                 kt::arrive(sh.dq_free[c]);
-                kt::turns::end_turn(turn);
+                kt::ordered_reduce::end_turn(turn);
             }
         }
         return;

@@ -2,11 +2,11 @@
 // compile-time instantiation of a kernel's launch function. Each kernel file describes its
 // launch as a struct with `template <typename T, int D, bool CAUSAL> static cudaError_t
 // run(const Params&, cudaStream_t)` and calls dispatch<ThatStruct>(params, stream); a launch that
-// does not depend on causality (backward_rows.cu) calls with_dtype_and_head_dim directly.
+// does not depend on causality (backward_statistics.cu) calls with_dtype_and_head_dim directly.
 #pragma once
 #include <cuda_runtime.h>
 
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 #include "kittens/common/base_types.cuh"
 #include "kittens/types/global/gl.cuh"
 

@@ -17,7 +17,7 @@
 // blocks) with no visible key, which store O = 0 and lse = -inf.
 #include "kittens/kittens.cuh"
 #include "attention/dispatch.h"
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 #include "attention/softmax_rows.cuh"
 
 namespace tk::attention {

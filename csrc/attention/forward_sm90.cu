@@ -35,7 +35,7 @@
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
 #include "attention/dispatch.h"
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 #include "attention/softmax_rows.cuh"
 #include "attention/task_order.h"
 

@@ -6,4 +6,4 @@
 #include "tma.cuh"
 #include "wgmma.cuh"
 #include "pipeline.cuh"
-#include "turns.cuh"
+#include "ordered_reduce.cuh"

@@ -1,5 +1,6 @@
-// Turns at a global accumulator (sm_90): blocks that reduce-add into the same global tile in a
-// fixed order, so that the fp32 sum comes out bitwise the same on every run.
+// Ordered reduction into a global accumulator (sm_90): blocks that reduce-add into the same
+// global tile take turns in a fixed order, so that the fp32 sum comes out bitwise the same on
+// every run.
 //
 // A turn counter is one int32 in global memory, zeroed before the launch. The block whose
 // ticket is t (0, 1, 2, ...: its place in the order) waits until the counter reads t, issues
@@ -12,7 +13,7 @@
 #pragma once
 #include "tma.cuh"
 
-namespace kittens::turns {
+namespace kittens::ordered_reduce {
 
 // Blocks until *counter == ticket (acquire at GPU scope), then orders the async-proxy copies
 // this thread issues next after the turns that came before.
@@ -34,4 +35,4 @@ __device__ __forceinline__ void end_turn(int* counter) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
-}  // namespace kittens::turns
+}  // namespace kittens::ordered_reduce

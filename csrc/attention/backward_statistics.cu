@@ -3,7 +3,7 @@
 // each is one pass over memory, fused so the op layer needs no fp32 temporaries of dO * O.
 #include "kittens/kittens.cuh"
 #include "attention/dispatch.h"
-#include "attention/forward_params.h"
+#include "attention/attention_params.h"
 
 namespace tk::attention {
 namespace {

@@ -1,6 +1,6 @@
-// Plain-C++ description of one attention forward call. Shared by the torch op
-// (attention_ops.cpp) and the kernel files, which must not include torch headers
-// (they compile much faster without them).
+// Plain-C++ descriptions of the attention calls (forward and backward) and the launch functions
+// of every attention kernel. Shared by the torch ops (attention_ops.cpp) and the kernel files,
+// which must not include torch headers (they compile much faster without them).
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -92,10 +92,10 @@ struct OutputView {
 };
 
 // Fills BackwardParams' score_shift and neg_delta (B, Hq, len_q_padded) from dout, out and lse,
-// and zeroes its dq_accum and task_counter (backward_rows.cu; any GPU).
+// and zeroes its dq_accum and task_counter (backward_statistics.cu; any GPU).
 cudaError_t backward_statistics(const BackwardParams& params, const OutputView& out, cudaStream_t stream);
 
-// dq = dq_accum * scale in the input dtype, (B, Hq, Lq, D) contiguous (backward_rows.cu).
+// dq = dq_accum * scale in the input dtype, (B, Hq, Lq, D) contiguous (backward_statistics.cu).
 cudaError_t backward_finish_dq(const BackwardParams& params, void* dq, cudaStream_t stream);
 
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
