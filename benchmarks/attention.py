@@ -1,7 +1,8 @@
 """Attention: tk.attention against SDPA's backends (cuDNN, FlashAttention-2, memory-efficient,
-default choice) and any peer package installed, on the configs of anchors.md.
+default choice) and any peer package installed, on the usual FlashAttention benchmark shapes
+and on shapes users hand to plain SDPA.
 
-TFLOP/s use the anchors convention: 4 * B * Hq * Lq * Lk * D for the forward pass, halved when
+TFLOP/s use the usual convention: 4 * B * Hq * Lq * Lk * D for the forward pass, halved when
 causal; a fwd+bwd pass ("fwdbwd": out = attention(q, k, v); out.backward(grad)) counts 3.5x the
 forward (the backward is 2.5x). Our implementations run in strict mode, so where one has no
 backward (the sm80 family: "tk_sm80") its fwdbwd cell is '-' (the reason is in the JSON), never
@@ -10,9 +11,8 @@ a timing of SDPA's backward.
 Each config is first swept: every implementation timed one after the other. Then ours and the
 sweep's fastest peer are timed again head to head, in alternating rounds
 (timing.interleaved_median_ms), and those two numbers are the ones recorded (the sweep's stay in
-"sweep_ms"): a clock drift during the sweep fell on one implementation alone (session 14: cuDNN
-timed 1029 and 909 us as two columns of one config, and ours 912 us there against 829-856 in
-every other run).
+"sweep_ms"): a clock drift during the sweep falls on one implementation alone (cuDNN once timed
+1029 and 909 us in two columns of one config).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import thunderkittens as tk
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
 OURS = "tk"
-REFERENCE = "sdpa_flash"  # FlashAttention-2, the ratio column the anchors quote
+REFERENCE = "sdpa_flash"  # FlashAttention-2, the ratio published attention kernels quote
 
 # Flop multiplier of each pass relative to the forward (see _pass_callable).
 PASSES = {"fwd": 1.0, "fwdbwd": 3.5}
@@ -63,13 +63,13 @@ def _square(batch: int, n: int, head_dim: int, causal: bool) -> Config:
     return Config(batch, 16, 16, n, n, head_dim, causal)
 
 
-# anchors.md, attention table: b16 n768/1536/3072, b8 n6144, b4 n12288; h16; d64/d128; full/causal.
-ANCHOR_CONFIGS = [_square(b, n, d, causal)
+# The FlashAttention benchmark shapes (16k tokens per batch): h16; d64/d128; full/causal.
+FLASH_CONFIGS = [_square(b, n, d, causal)
                   for d in (64, 128) for causal in (False, True)
                   for b, n in ((16, 768), (16, 1536), (16, 3072), (8, 6144), (4, 12288))]
 
-# anchors.md, "what users get from plain SDPA": unaligned lengths, GQA, Lq != Lk; and head dim 96
-# (no anchor: Phi-3-mini's 32 heads of 96 at 4096 tokens).
+# What users hand to plain SDPA: unaligned lengths, GQA, Lq != Lk; and head dim 96 (Phi-3-mini's
+# 32 heads of 96 at 4096 tokens).
 SDPA_DEFAULT_CONFIGS = [
     Config(16, 16, 16, 1000, 1000, 128, False),
     Config(4, 16, 16, 4097, 4097, 128, True),
@@ -242,7 +242,7 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
         log=print) -> tuple[list[dict], list[str]]:
     """Measure every config; returns (records, implementation names in column order)."""
     impls = implementations(kernel)
-    configs = QUICK_CONFIGS if quick else ANCHOR_CONFIGS + SDPA_DEFAULT_CONFIGS
+    configs = QUICK_CONFIGS if quick else FLASH_CONFIGS + SDPA_DEFAULT_CONFIGS
     records = []
     for pass_name in PASSES:
         for cfg in configs:

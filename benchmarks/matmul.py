@@ -1,4 +1,4 @@
-"""Matmul: tk.matmul against cuBLAS (torch.matmul) on the GEMM shapes of anchors.md.
+"""Matmul: tk.matmul against cuBLAS (torch.matmul) on square and LLM-layer GEMM shapes.
 
 TFLOP/s count 2 * M * N * K. Both run on the same bf16 tensors in the same process; tk runs in
 strict mode, so a fallback to torch.matmul raises (and shows as '-') instead of timing cuBLAS
@@ -41,8 +41,8 @@ class Config:
 
 
 SQUARE_CONFIGS = [Config(n, n, n) for n in (512, 1024, 2048, 4096, 8192, 16384)]
-# anchors.md, GEMM table (4096^3, 8192^3 and 16384^3 are in the square sweep).
-ANCHOR_CONFIGS = [Config(8192, 8192, 2048), Config(4096, 14336, 4096), Config(16384, 4096, 4096)]
+# LLM layer shapes (a 4096-wide model with a 14336-wide MLP; a 2048-token batch at 8192 wide).
+LLM_CONFIGS = [Config(8192, 8192, 2048), Config(4096, 14336, 4096), Config(16384, 4096, 4096)]
 # The nn.Linear layout: weight (N, K) row-major, read transposed in place.
 TRANSPOSED_CONFIGS = [Config(4096, 14336, 4096, b_transposed=True)]
 # Few output tiles: decode-size projections (16 tokens, nn.Linear layout; skinny tiles, split-K)
@@ -109,7 +109,7 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
         log=print) -> tuple[list[dict], list[str]]:
     """Measure every config; returns (records, implementation names in column order).
     ``kernel`` is accepted for the runner's sake: matmul has one kernel (sm90)."""
-    configs = QUICK_CONFIGS if quick else SQUARE_CONFIGS + ANCHOR_CONFIGS + TRANSPOSED_CONFIGS + SKINNY_CONFIGS + ONE_ROUND_CONFIGS
+    configs = QUICK_CONFIGS if quick else SQUARE_CONFIGS + LLM_CONFIGS + TRANSPOSED_CONFIGS + SKINNY_CONFIGS + ONE_ROUND_CONFIGS
     records = []
     for cfg in configs:
         torch.manual_seed(0)

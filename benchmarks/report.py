@@ -1,9 +1,19 @@
-"""Benchmark output: a fixed-width table on stdout and a JSON file."""
+"""Benchmark output: a fixed-width table on stdout, a JSON file, and where results are kept.
+
+Results file (JSON): {"device", "torch", "torch_cuda", "thunderkittens", "build", "kernel",
+"quick", "seconds", "ops": {op: [record, ...]}}, one record per (pass, config) as the op's
+module writes it: "pass", "config_name", "results" {implementation: {"ms", "tflops"} or
+{"error"}}, "best_peer", "ratio_vs_reference", "ratio_vs_best_peer", ...
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+# One current results file per GPU model, overwritten by `python -m benchmarks --save`.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def format_table(records: list[dict], impl_names: list[str], reference: str, ours: str) -> str:
@@ -26,6 +36,30 @@ def format_table(records: list[dict], impl_names: list[str], reference: str, our
     return "\n".join(lines)
 
 
-def write_json(path: str, payload: dict) -> None:
+def write_json(path: str | Path, payload: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def model_slug(device_name: str) -> str:
+    """The GPU model a results file is named after, from torch.cuda.get_device_name():
+    'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA A100-SXM4-80GB' ->
+    'a100', 'NVIDIA H100 PCIe' -> 'h100_pcie' (a slower part than the SXM one), anything else a
+    lowercase slug ('NVIDIA GeForce RTX 4090' -> 'geforce_rtx_4090')."""
+    name = device_name.strip().lower()
+    name = re.sub(r"^nvidia\s+", "", name)
+    tokens = [t for t in re.split(r"[^a-z0-9]+", name) if t]
+    if not tokens:
+        return "unknown"
+    if re.fullmatch(r"[a-z]{1,2}\d{2,3}[a-z]?", tokens[0]):  # h100, h200, a100, l40s, gh200, b200
+        variant = [t for t in tokens[1:] if t in ("pcie", "nvl")]
+        return "_".join(tokens[:1] + variant[:1])
+    return "_".join(tokens)
+
+
+def results_path(device_name: str) -> Path:
+    return RESULTS_DIR / f"{model_slug(device_name)}.json"

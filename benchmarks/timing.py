@@ -22,30 +22,23 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-# More than one call's CPU cost, so the GPU never waits for the CPU: tk's n768 d64 causal
-# forward + backward timed 0.77 ms per call behind 100 us per rep, 0.33 ms behind 1 ms (session 6).
+# More than one call's CPU cost, so the GPU never waits for the CPU (a 100 us sleep per rep was
+# too short for a small forward + backward; docs/performance.md).
 SLEEP_CYCLES_PER_REP = 2_000_000  # ~1 ms at ~2 GHz
 MAX_SLEEP_CYCLES = 400_000_000    # ~200 ms
 
 # The timed milliseconds per callable of a head-to-head (interleaved_median_ms), a quarter per
 # round. Turns are capped at max_reps / rounds = 25 calls, so this changes only calls longer than
 # 2 ms, which 200 ms gave as few as 3 calls per turn, each turn right after its idle sleep, when
-# the clock has not yet settled at the power cap. Measured (session 23, tk / cuDNN attention,
-# three head-to-heads each, 200 ms -> 800 ms): b8 h16 n6144 d128 forward 0.986-1.072 ->
-# 1.042-1.067, b4 n12288 forward 1.004-1.053 -> 1.026-1.029; one after the other (median_ms,
-# 200 ms each) 1.032-1.042 and 1.030-1.037; back to back for 3 s (scripts/sustained.py) 1.032.
-# It narrows the spread, not removes it: a later benchmark run read that forward at 0.966 (cuDNN's
-# head-to-head times moved 3.68-4.02 ms over six such measurements, ours 3.75-3.81).
+# the clock has not yet settled at the power cap. It narrows the spread of the ratio between runs,
+# it does not remove it (docs/performance.md).
 HEAD_TO_HEAD_MS = 800.0
 
 # Head-to-head turns of calls at least this long run at steady state: STEADY_WARMUP_MS back to back
 # first, then the timed reps back to back, with no idle sleep (such a call never waits for the
 # CPU). After the sleep, a turn of at most 25 such calls ran mostly while the clock was still
-# settling at the power cap, and the ratio moved with that: measured (session 24, one process,
-# b8 h16 n6144 d128 forward tk / cuDNN, 800 ms each) 1.098 and 1.026 after the sleep, 1.033 and
-# 1.033 at steady state; b4 n12288 1.036, 1.030 against 1.036, 1.038; the two benchmark runs
-# after it, on other machines, 1.014 and 1.003 (b4 n12288 1.017, 1.007). Steady state is where a
-# training loop runs (scripts/sustained.py measures it for seconds: 1.030 in the second run).
+# settling at the power cap, and the ratio moved with that (docs/performance.md). Steady state is
+# where a training loop runs (tools/sustained.py holds it for seconds).
 STEADY_FROM_MS = 2.0
 STEADY_WARMUP_MS = 300.0
 

@@ -1,14 +1,26 @@
-"""benchmarks/power.py (NVML through ctypes) and timing.sustained: the readings scripts/sustained.py
+"""benchmarks/power.py (NVML through ctypes) and timing.sustained: the readings tools/sustained.py
 reports."""
 
 import ctypes
+import importlib
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.power import Gpu, Sampler
-from benchmarks.timing import sustained
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmarks_module(name: str):
+    """benchmarks.<name>, imported from this repository whatever the working directory; inside
+    the tests, so that collecting the suite never imports the benchmarks package."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    finally:
+        sys.path.remove(str(ROOT))
 
 
 def nvml_loadable() -> bool:
@@ -21,21 +33,22 @@ def nvml_loadable() -> bool:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_no_gpu_means_no_readings():
-    assert Gpu.open() is None
+    assert benchmarks_module("power").Gpu.open() is None
 
 
 @pytest.mark.gpu
 def test_energy_counter_grows_with_work():
     if not nvml_loadable():
         pytest.skip("no libnvidia-ml.so.1")
-    gpu = Gpu.open()
+    power = benchmarks_module("power")
+    gpu = power.Gpu.open()
     assert gpu is not None, "NVML loads but the current device was not found by its PCI bus id"
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     before = gpu.energy_mj()
     # A second of tensor work: NVML refreshes the counter in steps, and 300 products (~50 ms)
     # once fell inside one step (0 mJ in the full suite on the H200).
-    with Sampler(gpu, interval_s=0.01) as sampler:
+    with power.Sampler(gpu, interval_s=0.01) as sampler:
         deadline = time.perf_counter() + 1.0
         while time.perf_counter() < deadline:
             for _ in range(50):
@@ -51,7 +64,8 @@ def test_energy_counter_grows_with_work():
 def test_sustained_reports_every_turn():
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     fns = {"small": lambda: a @ a, "large": lambda: (a @ a) @ a}
-    turns = sustained(fns, seconds=0.2, warmup_s=0.05, rounds=2, gpu=Gpu.open())
+    gpu = benchmarks_module("power").Gpu.open()
+    turns = benchmarks_module("timing").sustained(fns, seconds=0.2, warmup_s=0.05, rounds=2, gpu=gpu)
     assert set(turns) == {"small", "large"}
     for rows in turns.values():
         assert len(rows) == 2
