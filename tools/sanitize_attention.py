@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import thunderkittens as tk  # noqa: E402
-from thunderkittens._attention.families import BY_NAME as FAMILIES  # noqa: E402
+from thunderkittens._C import attention_head_dims  # noqa: E402  (per family, from the C++ side)
 from reference import lower_right_bias  # noqa: E402
 
 # (130, 2100): the sm90 forward at d64 splits its tasks (2 or 4 heads x 1 query block) over the key tiles.
@@ -65,7 +65,7 @@ def main() -> int:
     cases += list(itertools.product([k for k in kernels if k == "sm90"], THREE_CONSUMER_LENGTHS, DTYPES,
                                     [128], (False,), HEADS))
     # Only the head dims each family is built for (the sm80 family has no d96).
-    cases = [case for case in cases if case[3] in FAMILIES[case[0]].head_dims]
+    cases = [case for case in cases if case[3] in attention_head_dims[case[0]]]
     for kernel, (len_q, len_kv), dtype, head_dim, mask, (heads_q, heads_kv) in cases:
         q = torch.randn(1, heads_q, len_q, head_dim, dtype=dtype)
         k = torch.randn(1, heads_kv, len_kv, head_dim, dtype=dtype)
