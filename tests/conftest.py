@@ -22,18 +22,20 @@ def clean_tk_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def pretend_capability(monkeypatch, plan_module, capability):
-    """Make an op's path choice see a GPU of ``capability`` (a trace-time constant, like the
-    real device query, so torch.compile tests trace the same code)."""
-    monkeypatch.setattr(plan_module, "device_capability",
+def pretend_gpu(monkeypatch, capability):
+    """Make every op's path choice take the CPU for a GPU of ``capability`` (a trace-time
+    constant, like the real device query, so torch.compile tests trace the same code)."""
+    from thunderkittens import _scaffold
+    monkeypatch.setattr(_scaffold, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(_scaffold, "device_capability",
                         torch.compiler.assume_constant_result(lambda index: capability))
 
 
 class AttentionStandIn:
     """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
 
-    Registered as the CPU implementation of tk::attention_fwd and tk::attention_fwd_sm90 (the
-    two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
+    Registered as the CPU implementation of tk::attention_fwd_sm80 and tk::attention_fwd_sm90
+    (the two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
     tk::attention_bwd_sm90, while the ``cpu_kernel`` fixture is active, with the path choice
     told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
     Everything else is the real code: argument checks, path choice, operand preparation, the op schema, the fake
@@ -46,13 +48,12 @@ class AttentionStandIn:
         self._monkeypatch = monkeypatch
 
     def set_capability(self, capability):
-        from thunderkittens._attention import plan
-        pretend_capability(self._monkeypatch, plan, capability)
+        pretend_gpu(self._monkeypatch, capability)
 
     def __call__(self, q, k, v, is_causal, scale, lower_right=False):
         # lower_right may be left out: the dispatcher drops arguments equal to their default.
         from reference import causal_offset_of, reference_attention
-        check_causal_flags("tk::attention_fwd", is_causal, lower_right)
+        check_causal_flags("tk::attention_fwd_sm80", is_causal, lower_right)
         self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale,
                            "lower_right": lower_right})
         out, lse = reference_attention(q, k, v, is_causal, scale,
@@ -117,14 +118,12 @@ def deterministic():
 
 @pytest.fixture
 def cpu_kernel(monkeypatch):
-    from thunderkittens._attention import plan
     standin = AttentionStandIn(monkeypatch)
     standin.backward = AttentionBackwardStandIn()
     library = torch.library.Library("tk", "IMPL")
-    library.impl("attention_fwd", standin, "CPU")
+    library.impl("attention_fwd_sm80", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
     library.impl("attention_bwd_sm90", standin.backward, "CPU")
-    monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
     standin.set_capability((9, 0))
     try:
         yield standin
@@ -148,8 +147,7 @@ class MatmulStandIn:
         self._monkeypatch = monkeypatch
 
     def set_capability(self, capability):
-        from thunderkittens._matmul import plan
-        pretend_capability(self._monkeypatch, plan, capability)
+        pretend_gpu(self._monkeypatch, capability)
 
     def __call__(self, a, b):
         from reference import tma_layout
@@ -169,12 +167,10 @@ class MatmulStandIn:
 @pytest.fixture
 def cpu_matmul(monkeypatch):
     from thunderkittens import _extension
-    from thunderkittens._matmul import plan
     standin = MatmulStandIn(monkeypatch)
     library = torch.library.Library("tk", "IMPL")
     library.impl("matmul", standin, "CPU")
-    monkeypatch.setattr(plan, "KERNEL_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(plan, "BUILT_OPS", plan.BUILT_OPS | {"matmul"})
+    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {"matmul"})
     monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((9, 0, "a", False),))
     standin.set_capability((9, 0))
     try:

@@ -1,5 +1,5 @@
-"""The fake (meta) implementation of tk::attention_fwd gives the shapes, dtypes and strides of
-the real op, without a GPU."""
+"""The fake (meta) implementations of the attention ops give the shapes, dtypes and strides of
+the real ops, without a GPU."""
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ def test_fake_tensor_mode_cuda(dtype, shapes):
     with FakeTensorMode():
         q = torch.empty(q_shape, device="cuda", dtype=dtype)
         k = torch.empty(kv_shape, device="cuda", dtype=dtype)
-        out, lse = torch.ops.tk.attention_fwd(q, k, k, True, 0.125)
+        out, lse = torch.ops.tk.attention_fwd_sm80(q, k, k, True, 0.125)
     assert out.shape == q_shape and out.dtype == dtype and out.device.type == "cuda"
     assert out.is_contiguous()
     assert lse.shape == q_shape[:3] and lse.dtype == torch.float32 and lse.is_contiguous()
@@ -28,7 +28,7 @@ def test_fake_tensor_mode_cuda(dtype, shapes):
 def test_fake_output_is_contiguous_for_strided_input():
     with FakeTensorMode():
         q = torch.empty(2, 16, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        out, lse = torch.ops.tk.attention_fwd(q, q, q, False, 0.125)
+        out, lse = torch.ops.tk.attention_fwd_sm80(q, q, q, False, 0.125)
     assert not q.is_contiguous()
     assert out.shape == (2, 4, 16, 64) and out.is_contiguous()
     assert lse.shape == (2, 4, 16)
@@ -37,7 +37,7 @@ def test_fake_output_is_contiguous_for_strided_input():
 def test_meta_tensors():
     q = torch.empty(2, 8, 33, 128, device="meta", dtype=torch.float16)
     k = torch.empty(2, 4, 9, 128, device="meta", dtype=torch.float16)
-    out, lse = torch.ops.tk.attention_fwd(q, k, k, False, 1.0)
+    out, lse = torch.ops.tk.attention_fwd_sm80(q, k, k, False, 1.0)
     assert out.shape == q.shape and out.dtype == torch.float16 and out.device.type == "meta"
     assert lse.shape == (2, 8, 33) and lse.dtype == torch.float32
 
@@ -52,10 +52,10 @@ def test_fake_rejects_what_the_op_rejects(k_shape, k_dtype, message):
     q = torch.empty(2, 8, 33, 128, device="meta", dtype=torch.float16)
     k = torch.empty(k_shape, device="meta", dtype=k_dtype)
     with pytest.raises(RuntimeError, match=message):
-        torch.ops.tk.attention_fwd(q, k, k, False, 1.0)
+        torch.ops.tk.attention_fwd_sm80(q, k, k, False, 1.0)
 
 
-@pytest.mark.parametrize("op", ["attention_fwd", "attention_fwd_sm90"])
+@pytest.mark.parametrize("op", ["attention_fwd_sm80", "attention_fwd_sm90"])
 def test_fake_lower_right(op):
     q = torch.empty(2, 8, 33, 128, device="meta", dtype=torch.float16)
     k = torch.empty(2, 4, 9, 128, device="meta", dtype=torch.float16)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from reference import lower_right_bias
-from thunderkittens._attention import plan
+from thunderkittens import _extension
 
 
 def randn(*shape, dtype=torch.float32):
@@ -168,15 +168,15 @@ def test_kernel_path_when_everything_is_supported(cpu_kernel):
     half = torch.randn(2, 4, 16, 64, dtype=torch.float16)
     assert str(tk.explain(half, half, half)) == "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma] fp16 d=64 full"
     with tk.use_kernel("sm80"):
-        assert str(tk.explain(half, half, half)) == "kernel tk.attention_fwd [sm80 mma.sync] fp16 d=64 full"
+        assert str(tk.explain(half, half, half)) == \
+            "kernel tk.attention_fwd_sm80 [sm80 mma.sync] fp16 d=64 full"
 
 
 def test_sm90_family_needs_exactly_sm90(cpu_kernel, monkeypatch):
-    from thunderkittens._attention import families
-    monkeypatch.setattr(families, "has_kernel_image_for", lambda capability: True)  # any build
+    monkeypatch.setattr(_extension, "has_kernel_image_for", lambda capability: True)  # any build
     half = torch.randn(2, 4, 16, 64, dtype=torch.float16)
     cpu_kernel.set_capability((8, 9))
-    assert str(tk.explain(half, half, half)).startswith("kernel tk.attention_fwd [sm80 mma.sync]")
+    assert str(tk.explain(half, half, half)).startswith("kernel tk.attention_fwd_sm80 [sm80 mma.sync]")
     with tk.use_kernel("sm90"):
         assert ("kernel sm90 was forced but the sm90 kernels need an sm_90 GPU, this one is sm_89"
                 in str(tk.explain(half, half, half)))
@@ -225,8 +225,7 @@ def test_requires_grad_takes_the_sm90_kernel(cpu_kernel, which):
 
 @pytest.mark.parametrize("which", ["query", "key", "value"])
 def test_reason_requires_grad_on_sm80(cpu_kernel, monkeypatch, which):
-    from thunderkittens._attention import families
-    monkeypatch.setattr(families, "has_kernel_image_for", lambda capability: True)  # any build
+    monkeypatch.setattr(_extension, "has_kernel_image_for", lambda capability: True)  # any build
     tensors = {name: bf16(2, 4, 16, 64, requires_grad=(name == which))
                for name in ("query", "key", "value")}
     cpu_kernel.set_capability((8, 6))  # auto picks sm80, which has no backward
@@ -236,7 +235,8 @@ def test_reason_requires_grad_on_sm80(cpu_kernel, monkeypatch, which):
         "the kernel runs")
     for no_grad in (torch.no_grad, torch.inference_mode):
         with no_grad():
-            assert str(tk.explain(**tensors)) == "kernel tk.attention_fwd [sm80 mma.sync] bf16 d=64 full"
+            assert str(tk.explain(**tensors)) == \
+                "kernel tk.attention_fwd_sm80 [sm80 mma.sync] bf16 d=64 full"
 
 
 def test_reason_requires_grad_with_sm80_forced(cpu_kernel):
@@ -251,14 +251,6 @@ def test_reason_requires_grad_with_sm80_forced(cpu_kernel):
             tk.attention(q, k, v)
 
 
-def test_reason_backward_op_not_in_build(cpu_kernel, monkeypatch):
-    monkeypatch.setattr(plan, "BUILT_BACKWARD_OPS", frozenset())
-    q = bf16(2, 4, 16, 64, requires_grad=True)
-    assert "this build of thunderkittens has no tk::attention_bwd_sm90 op" in reason_of(q, q, q)
-    with torch.no_grad():
-        assert tk.explain(q, q, q).uses_kernel
-
-
 def test_requires_grad_fallback_on_sm80_gives_gradients(cpu_kernel):
     q, k, v = (bf16(2, 4, 16, 64, requires_grad=True) for _ in range(3))
     with tk.use_kernel("sm80"):
@@ -268,7 +260,7 @@ def test_requires_grad_fallback_on_sm80_gives_gradients(cpu_kernel):
 
 
 def test_reason_op_family_not_built(cpu_kernel, monkeypatch):
-    monkeypatch.setattr(plan, "BUILT_OPS", frozenset())
+    monkeypatch.setattr(_extension, "BUILT_OPS", frozenset())
     q = bf16(2, 4, 16, 64)
     assert "attention op family was not compiled into this build" in reason_of(q, q, q)
 
@@ -284,7 +276,6 @@ def test_reason_old_gpu(cpu_kernel):
 
 
 def test_reason_gpu_not_in_build(cpu_kernel, monkeypatch):
-    from thunderkittens import _extension
     monkeypatch.setattr(_extension, "_TARGETS", ((9, 0, "a", False),))
     cpu_kernel.set_capability((8, 6))
     q = bf16(2, 4, 16, 64)
@@ -328,7 +319,7 @@ def test_causal_lower_right_bias_with_equal_lengths_runs_the_kernel(cpu_kernel):
 
 @pytest.mark.parametrize("family, plan_prefix", [
     ("auto", "kernel tk.attention_fwd_sm90 [sm90 wgmma+tma]"),
-    ("sm80", "kernel tk.attention_fwd [sm80 mma.sync]"),
+    ("sm80", "kernel tk.attention_fwd_sm80 [sm80 mma.sync]"),
 ])
 @pytest.mark.parametrize("len_q, len_kv", [(16, 24), (24, 16), (1, 40), (40, 3)])
 def test_causal_lower_right_bias_with_unequal_lengths_runs_the_kernel(cpu_kernel, family,

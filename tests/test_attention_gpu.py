@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import thunderkittens as tk
-from thunderkittens._attention.families import BY_NAME as FAMILIES
+from thunderkittens._attention.plan import BY_NAME as FAMILIES
 from reference import causal_offset_of, lower_right_bias, reference_attention, sdpa_causal_lower_right
 from attention_cases import DTYPES, HEAD_DIMS, attention_cases, case_id
 from fresh_process import run_in_fresh_process
@@ -44,7 +44,7 @@ def kernel_must_run_here():
 
 
 # The kernel families and the op each one runs; tests that call an op directly run per family.
-KERNEL_OPS = {"sm80": torch.ops.tk.attention_fwd, "sm90": torch.ops.tk.attention_fwd_sm90}
+KERNEL_OPS = {"sm80": torch.ops.tk.attention_fwd_sm80, "sm90": torch.ops.tk.attention_fwd_sm90}
 
 
 def skip_unless_kernel_runs(family):
@@ -210,7 +210,8 @@ def test_auto_picks_a_kernel_and_matches_forced(dtype):
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
     hopper = torch.cuda.get_device_capability() == (9, 0) and "90a" in tk.BUILT_ARCHS
     family = "sm90" if hopper else "sm80"
-    description = {"sm90": "tk.attention_fwd_sm90 [sm90 wgmma+tma]", "sm80": "tk.attention_fwd [sm80 mma.sync]"}
+    description = {"sm90": "tk.attention_fwd_sm90 [sm90 wgmma+tma]",
+                   "sm80": "tk.attention_fwd_sm80 [sm80 mma.sync]"}
     assert str(plan) == f"kernel {description[family]} {name} d=128 causal gqa=4"
     with tk.strict():
         auto = tk.attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -503,13 +504,13 @@ def test_opcheck(shapes, kernel):
     torch.library.opcheck(op, (q, k, v, True, 0.125, True))  # lower-right
 
 
-# ---- the op's own checks (direct callers of torch.ops.tk.attention_fwd) --------------------
+# ---- the op's own checks (direct callers of torch.ops.tk.attention_fwd_sm80) ---------------
 
 
 def _direct(q=None, k=None, v=None, scale=0.125):
     base = make_qkv(1, 4, 4, 32, 32, 64, torch.bfloat16)
     q, k, v = (given if given is not None else default for given, default in zip((q, k, v), base))
-    return torch.ops.tk.attention_fwd(q, k, v, False, scale)
+    return torch.ops.tk.attention_fwd_sm80(q, k, v, False, scale)
 
 
 @pytest.mark.parametrize("make, message", [
@@ -530,8 +531,9 @@ def _direct(q=None, k=None, v=None, scale=0.125):
     (lambda: _direct(q=randn((4, 32, 64), torch.bfloat16)), "q must be 4-D"),
     (lambda: _direct(scale=-0.125), "scale must be finite and positive"),
     (lambda: _direct(scale=0.0), "scale must be finite and positive"),
-    (lambda: torch.ops.tk.attention_fwd(*make_qkv(1, 4, 4, 32, 16, 64, torch.bfloat16), False,
-                                        0.125, True), "lower_right=True needs is_causal=True"),
+    (lambda: torch.ops.tk.attention_fwd_sm80(*make_qkv(1, 4, 4, 32, 16, 64, torch.bfloat16),
+                                             False, 0.125, True),
+     "lower_right=True needs is_causal=True"),
 ])
 def test_op_rejects_bad_inputs(make, message):
     with pytest.raises(RuntimeError, match=message):
@@ -590,7 +592,7 @@ def test_head_dim_96_is_sm90_only():
         with tk.strict(), pytest.raises(tk.FallbackError, match="head dim 96 runs on the sm90"):
             tk.attention(q, k, v, is_causal=True)
     with pytest.raises(RuntimeError, match=r"q head_dim must be 64 or 128 \(the sm80 kernel\), got 96"):
-        torch.ops.tk.attention_fwd(q, k, v, True, 0.1, False)
+        torch.ops.tk.attention_fwd_sm80(q, k, v, True, 0.1, False)
     q80 = randn((1, 4, 32, 80), torch.bfloat16)
     with pytest.raises(RuntimeError, match="q head_dim must be 64, 96 or 128, got 80"):
         torch.ops.tk.attention_fwd_sm90(q80, q80, q80, True, 0.1, False)

@@ -143,11 +143,11 @@ def test_compile_fallback_path_matches_eager(cpu_kernel):
 
 def test_opcheck(cpu_kernel):
     q, k = bf16(2, 8, 33, 128), bf16(2, 2, 40, 128)
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, k, True, 0.125))
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q, k, k, True, 0.125, True))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm80.default, (q, k, k, True, 0.125))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm80.default, (q, k, k, True, 0.125, True))
     q2, k2 = bf16(2, 8, 40, 128), bf16(2, 2, 33, 128)  # lower-right with Lq > Lk
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default, (q2, k2, k2, True, 0.125, True))
-    torch.library.opcheck(torch.ops.tk.attention_fwd.default,
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm80.default, (q2, k2, k2, True, 0.125, True))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm80.default,
                           (bf16(1, 2, 17, 64).transpose(1, 2), bf16(1, 17, 2, 64),
                            bf16(1, 17, 2, 64), False, 1.0))
 

@@ -11,8 +11,7 @@ import torch
 
 import thunderkittens as tk
 from thunderkittens import _extension
-from thunderkittens._matmul import op as matmul_op
-from thunderkittens._matmul import plan
+from thunderkittens._matmul import layout
 
 
 def bf16(*shape, requires_grad=False):
@@ -267,7 +266,7 @@ def test_reason_not_hopper(cpu_matmul, capability):
 
 
 def test_reason_op_family_not_built(cpu_matmul, monkeypatch):
-    monkeypatch.setattr(plan, "BUILT_OPS", frozenset({"attention"}))
+    monkeypatch.setattr(_extension, "BUILT_OPS", frozenset({"attention"}))
     assert "matmul op family was not compiled into this build (families built: attention)" in \
         reason(bf16(64, 32), bf16(32, 48))
 
@@ -277,11 +276,6 @@ def test_reason_no_sm90a_code(cpu_matmul, monkeypatch):
     monkeypatch.setattr(_extension, "_TARGETS", ((8, 0, "", False), (9, 0, "", True)))
     assert "this build has no sm_90a code" in reason(bf16(64, 32), bf16(32, 48))
     assert "TK_CUDA_ARCHS=90a" in reason(bf16(64, 32), bf16(32, 48))
-
-
-def test_reason_extension_without_the_op(cpu_matmul, monkeypatch):
-    monkeypatch.setattr(matmul_op, "OP", None)
-    assert "no tk::matmul op" in reason(bf16(64, 32), bf16(32, 48))
 
 
 def test_strict_raises_on_kernel_capable_device_too(cpu_matmul):
@@ -428,9 +422,8 @@ def test_dims_beyond_int32_fall_back(cpu_matmul):
 
 
 def test_fold_stays_within_int32(cpu_matmul, monkeypatch):
-    from thunderkittens._matmul import problem
-    monkeypatch.setattr(problem, "MAX_DIM", 255)
+    monkeypatch.setattr(layout, "MAX_DIM", 255)
     a, b = bf16(4, 64, 32), bf16(32, 48)
     assert tk.explain_matmul(a, b).folded_batch == 1 and tk.explain_matmul(a, b).batch == 4
-    monkeypatch.setattr(problem, "MAX_DIM", 256)
+    monkeypatch.setattr(layout, "MAX_DIM", 256)
     assert tk.explain_matmul(a, b).folded_batch == 4

@@ -9,20 +9,14 @@
     with tk.use_kernel("sm80"): ...               # force a kernel family (or TK_ATTENTION_KERNEL)
 """
 
-import torch  # noqa: F401  (must be loaded before the extension: _C links against libtorch)
-
 from ._version import __version__
-from ._extension import BUILT_ARCHS, BUILT_OPS, build_summary  # loads _C, registers the ops
-from ._attention import fake as _attention_fake  # noqa: F401  (registers the fake impls)
-from ._attention import autograd as _attention_autograd  # noqa: F401  (registers the backward)
-from ._attention.api import attention, explain_attention
-from ._attention.explanation import AttentionPlan
-from ._matmul import autograd as _matmul_autograd  # noqa: F401  (registers the autograd formula)
-from ._matmul import fake as _matmul_fake  # noqa: F401  (registers the fake impl)
-from ._matmul.api import explain_matmul, matmul
-from ._matmul.explanation import MatmulPlan
+from ._extension import BUILT_ARCHS, BUILT_OPS, build_summary  # loads _C: registers the ops
 from ._config import kernel_choice, strict, strict_enabled, use_kernel
 from .errors import FallbackError
+from ._attention.api import attention, explain_attention  # also registers fake impls, autograd
+from ._attention.plan import AttentionPlan
+from ._matmul.api import explain_matmul, matmul
+from ._matmul.plan import MatmulPlan
 
 #: ``explain(q, k, v, **kwargs)`` describes the path of ``attention(q, k, v, **kwargs)``.
 explain = explain_attention

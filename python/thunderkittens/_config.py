@@ -3,8 +3,8 @@
 Each switch has an environment variable (read at call time) and a context manager (which wins
 over the variable while it is active):
 
-  TK_ATTENTION_KERNEL = auto | sm80     ``with thunderkittens.use_kernel("sm80"):``
-  TK_STRICT = 1 | 0                     ``with thunderkittens.strict():``
+  TK_ATTENTION_KERNEL = auto | sm90 | sm80   ``with thunderkittens.use_kernel("sm80"):``
+  TK_STRICT = 1 | 0                          ``with thunderkittens.strict():``
 
 The context managers keep their state in module globals, not thread-locals, because
 torch.compile can read (and guard on) plain globals; do not flip them from several threads at
@@ -22,8 +22,9 @@ import torch
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
-# Kernel families each op knows, besides "auto". Kept here (not imported from the op packages)
-# so that this module has no dependencies; each op's family table must use these names.
+# Ops with a choice of kernel families, and those families, besides "auto". Kept here (not
+# imported from the op packages) so that this module has no dependencies;
+# _scaffold.register_families checks each op's table against it.
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
     "attention": ("sm90", "sm80"),
 }

@@ -101,7 +101,15 @@ def has_arch_specific_code_for(capability: tuple[int, int]) -> bool:
     return False
 
 
+#: The head dims (E == Ev) each attention kernel family is built for ({family name: head dims}),
+#: as the C++ side instantiates its kernels: the one place that lists them.
+ATTENTION_HEAD_DIMS: dict[str, tuple[int, ...]] = {
+    family: tuple(int(dim) for dim in dims) for family, dims in _C.attention_head_dims.items()}
+
+
 def build_summary() -> str:
+    """One line saying what this build of the extension holds: its CUDA targets, the op
+    families compiled in, and the torch (and CUDA) it was built against."""
     return (f"thunderkittens._C: CUDA targets {','.join(BUILT_ARCHS)}; op families "
             f"{','.join(sorted(BUILT_OPS)) or '(none)'}; built against torch {_C.torch_version} "
             f"(CUDA {_C.torch_cuda_version})")

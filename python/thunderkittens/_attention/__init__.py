@@ -1,1 +1,2 @@
-"""Attention: argument checks, path choice, kernel call and fake implementation."""
+"""Attention: api (the public functions), checks (arguments), plan (kernel families, path
+choice, explain), ops (op handles, fake implementations, autograd formula)."""

@@ -1,10 +1,12 @@
 """Argument checks for thunderkittens.attention: what F.scaled_dot_product_attention would
 reject (and a few things it would accept but we do not, such as empty inputs or broadcast batch
-dims), raised as ValueError/TypeError naming the argument and the rule.
+dims), raised as ValueError/TypeError naming the argument and the rule; and SDPA's causal biases
+turned into the kernels' causal flags.
 
 Shapes follow SDPA: query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev). The dim
 -3 is the head dim even for 3-D inputs: (N, L, E) is N independent single-head problems, which
-is also what SDPA's enable_gqa does with 3-D inputs.
+is also what SDPA's enable_gqa does with 3-D inputs. The checks read shapes, dtypes and devices,
+never tensor data.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 from numbers import Real
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 _WHO = "tk.attention"
 _NAMES = ("query", "key", "value")
@@ -94,3 +97,27 @@ def check_values(query, key, value, attn_mask, dropout_p, is_causal, scale, enab
     if v_shape[-2] != k_shape[-2]:
         raise ValueError(f"{_WHO}: value length {v_shape[-2]} differs from key length "
                          f"{k_shape[-2]}")
+
+
+# ---- SDPA's causal biases -----------------------------------------------------------------
+# torch.nn.attention.bias.causal_upper_left / causal_lower_right as the kernels' causal flags.
+# The kernels mask with a diagonal offset: key j is visible to query i iff j <= i + offset.
+# causal_upper_left is offset 0 (SDPA's is_causal: is_causal=True), causal_lower_right is offset
+# Lk - Lq (is_causal=True, lower_right=True; with Lq == Lk the two coincide, and it is plain
+# is_causal). With Lq > Lk, lower-right query rows i < Lq - Lk see no key: the kernels give them
+# out = 0 (and zero gradients), as SDPA's math backend and FlashAttention do.
+
+
+def as_causal_flag(query: torch.Tensor, key: torch.Tensor, attn_mask, is_causal: bool):
+    """(attn_mask, is_causal, lower_right) with a causal bias turned into is_causal=True (and
+    lower_right=True for causal_lower_right with Lq != Lk). Raises if the bias was made for
+    other sequence lengths than query's and key's. Reads the bias's variant and lengths only."""
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask, is_causal, False
+    len_q, len_kv = query.shape[-2], key.shape[-2]
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (len_q, len_kv):
+        raise ValueError(f"{_WHO}: attn_mask is a causal bias for (Lq, Lk) = "
+                         f"({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) but query and key have "
+                         f"lengths ({len_q}, {len_kv})")
+    lower_right = attn_mask.variant == CausalVariant.LOWER_RIGHT and len_q != len_kv
+    return None, True, lower_right

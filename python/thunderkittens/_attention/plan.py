@@ -1,102 +1,110 @@
-"""Which path an attention call takes: one of our kernel families, or torch SDPA (and why).
+"""Which path an attention call takes: one of the kernel families, or torch SDPA (and why); and
+the AttentionPlan that explain() returns.
+
+The families, in the order ``auto`` prefers them: ``sm90``, the TMA + wgmma + warp-specialised
+kernels (forward and backward), needs exactly sm_90 (Hopper) and a 90a build; ``sm80``, the
+mma.sync + cp.async forward kernel, runs on every GPU from sm_80 on (Hopper too, when forced
+with ``use_kernel("sm80")``) and has no backward, so calls that need gradients go to SDPA when
+it is the family picked. The head dims each family is built for come from the C++ side.
 
 Every decision here reads only shapes, dtypes, devices, flags and configuration, never tensor
-data, so it is cheap and torch.compile can trace it (the result is baked into the graph, guarded
-on those same properties).
+data (see _scaffold).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
-from .. import _config
-from .._device import device_capability
-from .causal_bias import unsupported_mask_reason
-from .._extension import BUILT_OPS
-from .families import BY_NAME, FAMILIES, KernelFamily
+from .. import _config, _scaffold
+from .._extension import ATTENTION_HEAD_DIMS
+from .._scaffold import KernelFamily, Plan
+from .checks import as_causal_flag, check_types, check_values
 
-# The device type our kernels run on. A module constant (not a literal in the check) so the CPU
-# test suite can trace the kernel path with torch.compile against a CPU stand-in of the op.
-KERNEL_DEVICE_TYPE = "cuda"
-KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+@dataclass(frozen=True)
+class AttentionFamily(KernelFamily):
+    head_dims: tuple[int, ...] = ()  # E == Ev it is built for
+
+
+SM90 = AttentionFamily(op="attention", name="sm90", description="sm90 wgmma+tma",
+                       op_name="attention_fwd_sm90", min_capability=(9, 0),
+                       exact_capability=(9, 0), backward_op_name="attention_bwd_sm90",
+                       head_dims=ATTENTION_HEAD_DIMS["sm90"])
+SM80 = AttentionFamily(op="attention", name="sm80", description="sm80 mma.sync",
+                       op_name="attention_fwd_sm80", min_capability=(8, 0),
+                       head_dims=ATTENTION_HEAD_DIMS["sm80"])
+FAMILIES: tuple[AttentionFamily, ...] = (SM90, SM80)
+BY_NAME: dict[str, AttentionFamily] = _scaffold.register_families(*FAMILIES)
+
+# Texts for the fallback reasons, made here, not in the traced path (torch 2.11's dynamo failed
+# on generators over module constants there).
 KERNEL_HEAD_DIMS = tuple(sorted({dim for family in FAMILIES for dim in family.head_dims}))
 _KERNEL_HEAD_DIMS_TEXT = ", ".join(str(dim) for dim in KERNEL_HEAD_DIMS[:-1]) + f" or {KERNEL_HEAD_DIMS[-1]}"
-
-
-def _built_backward_ops() -> frozenset[str]:
-    """The backward ops this extension defines (an extension built before one existed lacks it:
-    then calls needing gradients fall back, with a reason, instead of failing in backward())."""
-    names = set()
-    for family in FAMILIES:
-        if family.backward_op_name is not None and hasattr(torch.ops.tk, family.backward_op_name):
-            names.add(family.backward_op_name)
-    return frozenset(names)
-
-
-BUILT_BACKWARD_OPS: frozenset[str] = _built_backward_ops()
-# For the fallback reason; made here, not in the traced path (torch 2.11's dynamo failed on
-# generators over module constants there).
 _WITH_BACKWARD = ", ".join([family.name for family in FAMILIES if family.has_backward])
-# Likewise for the head-dim reason: the families that take each head dim, the head dims of each.
 _FAMILIES_WITH_HEAD_DIM = {dim: ", ".join([family.name for family in FAMILIES if dim in family.head_dims])
                            for dim in KERNEL_HEAD_DIMS}
 _HEAD_DIMS_OF = {family.name: ", ".join([str(dim) for dim in family.head_dims]) for family in FAMILIES}
 
 
+@dataclass(frozen=True, kw_only=True)
+class AttentionPlan(Plan):
+    """What thunderkittens.explain() returns: the path an attention call would take."""
+
+    function = "tk.attention"
+    fallback = "torch SDPA"
+
+    head_dim: int
+    causal: bool
+    gqa_ratio: int
+    backward_op: str | None = None  # e.g. "tk.attention_bwd_sm90" when gradients are needed
+    # The backward would run in its deterministic mode (torch.use_deterministic_algorithms is on
+    # now; the setting is read again when the backward runs).
+    deterministic_backward: bool = False
+    lower_right: bool = False       # causal diagonal bottom-right (causal_lower_right, Lq != Lk)
+
+    def details(self) -> list[str]:
+        parts = [f"d={self.head_dim}", _mask_name(self.causal, self.lower_right)]
+        if self.gqa_ratio > 1:
+            parts.append(f"gqa={self.gqa_ratio}")
+        if self.backward_op:
+            parts.append(f"+ backward {self.backward_op}"
+                         + (" (deterministic)" if self.deterministic_backward else ""))
+        return parts
+
+
+def _mask_name(causal: bool, lower_right: bool) -> str:
+    if not causal:
+        return "full"
+    return "causal lower-right" if lower_right else "causal"
+
+
+# ---- the fallback reasons -----------------------------------------------------------------
+
+
 def feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale=None) -> str | None:
     """Why the call is outside what any attention kernel supports, or None."""
-    if query.device.type != KERNEL_DEVICE_TYPE:
-        return f"inputs are on {query.device.type}; the kernels need a CUDA GPU"
-    if query.dtype not in KERNEL_DTYPES:
-        return f"dtype {query.dtype} is not supported by the kernel (bfloat16 and float16 only)"
+    reason = _scaffold.unsupported_input_reason("attention", query)
+    if reason is not None:
+        return reason
     head_dim = query.shape[-1]
     if head_dim not in KERNEL_HEAD_DIMS:
         return f"head dim {head_dim} is not supported by the kernel ({_KERNEL_HEAD_DIMS_TEXT} only)"
     if value.shape[-1] != head_dim:
         return (f"value head dim {value.shape[-1]} differs from query head dim {head_dim}; "
                 "the kernel needs them equal")
-    if attn_mask is not None:
-        return unsupported_mask_reason(attn_mask)
+    if attn_mask is not None:  # causal biases never get here: as_causal_flag made them flags
+        return ("attn_mask is not supported by the kernel yet (only the causal biases "
+                "causal_upper_left and causal_lower_right are)")
     if dropout_p > 0.0:
         return "dropout_p > 0 is not supported by the kernel yet"
     if scale is not None and scale <= 0.0:
         # The kernel takes the running max of raw scores, which is only the max of the
         # scaled scores for a positive scale.
         return f"scale {scale} <= 0 is not supported by the kernel (positive scales only)"
-    if "attention" not in BUILT_OPS:
-        return ("the attention op family was not compiled into this build (families built: "
-                f"{','.join(sorted(BUILT_OPS)) or 'none'}); rebuild with TK_OPS unset")
     return None
-
-
-def choose_family(device: torch.device) -> tuple[KernelFamily | None, str | None]:
-    """(family, None) if a kernel family can run on ``device``, else (None, reason)."""
-    found = _family_or_reason(device.index, _config.kernel_choice("attention"))
-    if found.startswith(_NO_FAMILY):
-        return None, found[len(_NO_FAMILY):]
-    return BY_NAME[found], None
-
-
-_NO_FAMILY = "\x00"
-
-
-@torch.compiler.assume_constant_result
-def _family_or_reason(index: int, choice: str) -> str:
-    """The name of the family to run on CUDA device ``index`` (``choice``: "auto" or a forced
-    family), or _NO_FAMILY + why none can. One string, a trace-time constant under
-    torch.compile: torch 2.11's dynamo cannot guard a comparison of the capability tuple
-    (NotImplementedError for a constant source), so the tuple never reaches traced code."""
-    capability = device_capability(index)
-    if choice != "auto":
-        reason = BY_NAME[choice].unavailable_reason(capability)
-        return choice if reason is None else f"{_NO_FAMILY}kernel {choice} was forced but {reason}"
-    reasons = []
-    for family in FAMILIES:
-        reason = family.unavailable_reason(capability)
-        if reason is None:
-            return family.name
-        reasons.append(reason)
-    return _NO_FAMILY + "; ".join(reasons)
 
 
 def needs_grad(query, key, value) -> bool:
@@ -114,53 +122,114 @@ def _name_requiring_grad(query, key, value) -> str | None:
     return None
 
 
-def _backward_op_built(family: KernelFamily) -> bool:
-    return family.backward_op_name in BUILT_BACKWARD_OPS
-
-
-def head_dim_fallback_reason(family: KernelFamily, head_dim: int) -> str | None:
+def head_dim_fallback_reason(family: AttentionFamily, head_dim: int) -> str | None:
     """Why ``family`` does not take ``head_dim`` (one of KERNEL_HEAD_DIMS), or None."""
     if head_dim in family.head_dims:
         return None
-    forced = _config.kernel_choice("attention") != "auto"
-    prefix = f"kernel {family.name} was forced but " if forced else ""
-    return (f"{prefix}head dim {head_dim} runs on the {_FAMILIES_WITH_HEAD_DIM[head_dim]} kernels only "
-            f"(the {family.name} kernels take head dims {_HEAD_DIMS_OF[family.name]})")
+    return (f"{_scaffold.forced_prefix(family)}head dim {head_dim} runs on the "
+            f"{_FAMILIES_WITH_HEAD_DIM[head_dim]} kernels only (the {family.name} kernels take "
+            f"head dims {_HEAD_DIMS_OF[family.name]})")
 
 
-def backward_fallback_reason(family: KernelFamily, query, key, value) -> str | None:
+def backward_fallback_reason(family: AttentionFamily, query, key, value) -> str | None:
     """Why the call cannot run on ``family`` when a gradient is needed, or None.
 
     Only the sm90 family has a backward kernel; with sm80 (auto on a non-Hopper GPU, or forced)
     a call that needs gradients goes to SDPA, so training works everywhere. (Under
     torch.use_deterministic_algorithms(True) the sm90 backward runs in its deterministic mode.)"""
     name = _name_requiring_grad(query, key, value)
-    if name is None:
+    if name is None or family.has_backward:
         return None
-    forced = _config.kernel_choice("attention") != "auto"
-    prefix = f"kernel {family.name} was forced but " if forced else ""
-    if not family.has_backward:
-        return (f"{prefix}{name} requires grad and the {family.name} kernels have no backward "
-                f"(kernels with a backward: {_WITH_BACKWARD}); under torch.no_grad() or "
-                "torch.inference_mode() the kernel runs")
-    if not _backward_op_built(family):
-        return (f"{prefix}{name} requires grad and this build of thunderkittens has no "
-                f"tk::{family.backward_op_name} op (built before the backward kernel); "
-                "rebuild with: pip install --no-build-isolation .")
-    return None
+    return (f"{_scaffold.forced_prefix(family)}{name} requires grad and the {family.name} kernels "
+            f"have no backward (kernels with a backward: {_WITH_BACKWARD}); under "
+            "torch.no_grad() or torch.inference_mode() the kernel runs")
 
 
-def decide(query, key, value, attn_mask, dropout_p, scale=None) -> tuple[KernelFamily | None, str | None]:
-    """(family, None) for the kernel path, (None, reason) for the SDPA fallback."""
+# ---- the decision -------------------------------------------------------------------------
+
+
+class Decision(NamedTuple):
+    """The path of a call, with its arguments as that path takes them: a causal bias becomes the
+    kernels' flags (is_causal=True, and lower_right=True for causal_lower_right with
+    Lq != Lk). A fallback keeps the caller's lower-right bias: SDPA has no lower-right flag (for
+    the other biases is_causal=True gives SDPA's same answer)."""
+
+    family: AttentionFamily | None  # None: the SDPA fallback
+    reason: str | None              # why it falls back
+    attn_mask: object
+    is_causal: bool
+    lower_right: bool
+
+
+def decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Decision:
+    """Checks the arguments (raising as tk.attention does) and picks the path."""
+    check_types(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if query.is_nested or key.is_nested or value.is_nested:  # SDPA validates nested inputs itself
+        return Decision(None, "nested tensors are not supported by the kernel", attn_mask,
+                        is_causal, False)
+    check_values(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    flag_mask, flag_causal, lower_right = as_causal_flag(query, key, attn_mask, is_causal)
+    family, reason = _family_or_reason(query, key, value, flag_mask, dropout_p, scale)
+    if family is None and lower_right:
+        return Decision(None, reason, attn_mask, is_causal, False)
+    return Decision(family, reason, flag_mask, flag_causal, lower_right)
+
+
+def _family_or_reason(query, key, value, attn_mask, dropout_p, scale):
     reason = feature_fallback_reason(query, key, value, attn_mask, dropout_p, scale)
     if reason is not None:
         return None, reason
-    family, reason = choose_family(query.device)
+    family, reason = _scaffold.choose_family("attention", query.device)
     if family is None:
         return None, reason
-    reason = head_dim_fallback_reason(family, query.shape[-1])
-    if reason is None:
-        reason = backward_fallback_reason(family, query, key, value)
+    reason = (head_dim_fallback_reason(family, query.shape[-1])
+              or backward_fallback_reason(family, query, key, value))
     if reason is not None:
         return None, reason
     return family, None
+
+
+# ---- operands and the explanation ---------------------------------------------------------
+
+
+def to_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., H, L, E) -> (B, H, L, E): a 3-D input gets B=1, leading dims of higher ranks are
+    flattened into B (a view whenever torch can make one)."""
+    if t.dim() == 4:
+        return t
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def kernel_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the (B, H, L, E) tensor the op is given: a view, or one contiguous copy where the
+    kernels cannot read it in place (see _scaffold.conforms)."""
+    return _scaffold.operand(to_4d(t))
+
+
+def _read_in_place(t: torch.Tensor) -> bool:
+    t4 = to_4d(t)
+    if t4.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+        return False  # flattening the batch dims already had to copy
+    return _scaffold.conforms(t4)
+
+
+def explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> AttentionPlan:
+    decision = decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    family = decision.family
+    copies = ()
+    if family is not None:
+        copies = tuple(name for name, t in (("query", query), ("key", key), ("value", value))
+                       if not _read_in_place(t))
+    nested = query.is_nested or key.is_nested or value.is_nested
+    gqa = 1 if nested else max(1, query.shape[-3] // key.shape[-3])
+    backward_op = (f"tk.{family.backward_op_name}"
+                   if family is not None and needs_grad(query, key, value) else None)
+    return AttentionPlan(
+        uses_kernel=family is not None, reason=decision.reason,
+        kernel=family.name if family else None,
+        kernel_description=family.description if family else None,
+        op=f"tk.{family.op_name}" if family else None,
+        dtype=query.dtype, copies=copies, strict=_config.strict_enabled(),
+        head_dim=int(query.shape[-1]), causal=decision.is_causal,
+        lower_right=decision.lower_right, gqa_ratio=gqa, backward_op=backward_op,
+        deterministic_backward=backward_op is not None and torch.are_deterministic_algorithms_enabled())

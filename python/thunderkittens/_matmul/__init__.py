@@ -1,1 +1,3 @@
-"""Matmul: argument checks, path choice, kernel call, fake implementation and autograd."""
+"""Matmul: api (the public functions), checks (arguments), plan (kernel family, path choice,
+explain), layout (the operands' shapes and layouts), ops (op handle, fake implementation,
+autograd formula)."""

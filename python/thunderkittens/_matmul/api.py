@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import _config
-from ..errors import FallbackError
-from . import op as _op
-from .explanation import MatmulPlan
-from .plan import KERNEL_DESCRIPTION, KernelCall, decide
-from .validate import check_types, check_values
-
-
-def _decide(a, b) -> tuple[KernelCall | None, str | None]:
-    check_types(a, b)
-    if a.is_nested or b.is_nested:  # torch.matmul validates nested inputs itself
-        return None, "nested tensors are not supported by the kernel"
-    out_shape = check_values(a, b)
-    return decide(a, b, out_shape)
-
-
-def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
-    # clone, not .contiguous(): a contiguous view at a misaligned address must be copied too.
-    return t.clone(memory_format=torch.contiguous_format)
+from .. import _scaffold
+from . import plan
+from .ops import OP
+from .plan import MatmulPlan
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -51,15 +36,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     not broadcast) raise errors that are both ValueError/TypeError and RuntimeError (what
     torch.matmul raises), on every path alike. The result is a new contiguous tensor.
     """
-    call, reason = _decide(a, b)
+    call, reason = plan.decide(a, b)
     if call is None:
-        if _config.strict_enabled():
-            raise FallbackError(f"tk.matmul would fall back to torch.matmul: {reason}")
+        _scaffold.fallback_or_raise(MatmulPlan, reason)
         return torch.matmul(a, b)
     problem = call.problem
-    a3 = _fresh_copy(problem.a) if call.copy_a else problem.a
-    b3 = _fresh_copy(problem.b) if call.copy_b else problem.b
-    return _op.OP(a3, b3).view(problem.out_shape)
+    a3 = _scaffold.fresh_copy(problem.a) if call.copy_a else problem.a
+    b3 = _scaffold.fresh_copy(problem.b) if call.copy_b else problem.b
+    return OP(a3, b3).view(problem.out_shape)
 
 
 def explain_matmul(a: torch.Tensor, b: torch.Tensor) -> MatmulPlan:
@@ -67,25 +51,4 @@ def explain_matmul(a: torch.Tensor, b: torch.Tensor) -> MatmulPlan:
     e.g. ``kernel tk.matmul [sm90 wgmma] bf16 (B=4) 4096x4096x4096 a=row b=col`` or
     ``fallback torch.matmul: inputs are on cpu; the kernel needs a CUDA GPU``. Raises the same
     argument errors as ``matmul``; does not run anything."""
-    call, reason = _decide(a, b)
-    strict = _config.strict_enabled()
-    if call is None:
-        return MatmulPlan(uses_kernel=False, reason=reason, kernel_description=None, op=None,
-                          dtype=a.dtype, batch=None, m=None, n=None, k=None, a_layout=None,
-                          b_layout=None, broadcast=None, folded_batch=1, copies=(),
-                          strict=strict)
-    problem = call.problem
-    a_batch, m, k = problem.a.shape
-    b_batch, _, n = problem.b.shape
-    batch = max(a_batch, b_batch)
-    broadcast = None
-    if batch > 1 and a_batch == 1:
-        broadcast = "a"
-    elif batch > 1 and b_batch == 1:
-        broadcast = "b"
-    copies = tuple(name for name, copied in (("a", call.copy_a), ("b", call.copy_b)) if copied)
-    return MatmulPlan(uses_kernel=True, reason=None, kernel_description=KERNEL_DESCRIPTION,
-                      op="tk.matmul", dtype=a.dtype, batch=int(batch), m=int(m), n=int(n),
-                      k=int(k), a_layout=call.a_layout, b_layout=call.b_layout,
-                      broadcast=broadcast, folded_batch=int(problem.folded_batch),
-                      copies=copies, strict=strict)
+    return plan.explain(a, b)

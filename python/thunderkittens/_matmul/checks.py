@@ -76,8 +76,3 @@ def check_values(a: torch.Tensor, b: torch.Tensor) -> tuple:
     cols = (b.shape[-1],) if b.dim() >= 2 else ()
     return batch + rows + cols
 
-
-def check(a, b) -> tuple:
-    """All argument checks; returns torch.matmul's output shape."""
-    check_types(a, b)
-    return check_values(a, b)

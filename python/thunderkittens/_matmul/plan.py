@@ -1,31 +1,56 @@
 """Which path a matmul call takes: the sm_90 kernel (with the operand views and copies it gets),
-or torch.matmul (and why).
+or torch.matmul (and why); and the MatmulPlan that explain_matmul() returns.
 
 Every decision here reads only shapes, strides, dtypes, devices and configuration, never tensor
-data, so it is cheap and torch.compile can trace it (the result is baked into the graph, guarded
-on those same properties).
+data (see _scaffold).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from .. import _extension
-from .._device import device_capability
-from .._extension import BUILT_ARCHS, BUILT_OPS
-from . import op as _op
-from .layout import layout_after_copy, layout_of, unreadable_reason
-from .problem import Problem, kernel_problem
+from .. import _config, _scaffold
+from .._scaffold import KernelFamily, Plan
+from .checks import check_types, check_values
+from .layout import Problem, kernel_problem, layout_after_copy, layout_of, unreadable_reason
 
-# The device type the kernel runs on. A module constant (not a literal in the check) so the CPU
-# test suite can trace the kernel path against a CPU stand-in of the op.
-KERNEL_DEVICE_TYPE = "cuda"
-KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 # The kernel is TMA + wgmma code compiled for sm_90a, which runs on exactly sm_90 GPUs.
-KERNEL_CAPABILITY = (9, 0)
-KERNEL_DESCRIPTION = "sm90 wgmma"
+SM90 = KernelFamily(
+    op="matmul", name="sm90", description="sm90 wgmma", op_name="matmul",
+    min_capability=(9, 0), exact_capability=(9, 0),
+    wrong_gpu_reason=("the matmul kernel needs an sm_90 (Hopper) GPU, this one is {gpu}; on "
+                      "other GPUs tk.matmul is torch.matmul (cuBLAS)"))
+_scaffold.register_families(SM90)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatmulPlan(Plan):
+    """What thunderkittens.explain_matmul() returns: the path a matmul call would take."""
+
+    function = "tk.matmul"
+    fallback = "torch.matmul"
+
+    batch: int | None               # B of the op call (None on the fallback path)
+    m: int | None                   # the op's M, N, K (M includes a folded batch)
+    n: int | None
+    k: int | None
+    a_layout: str | None            # "row" or "col": how the kernel reads each operand
+    b_layout: str | None
+    broadcast: str | None           # "a" or "b": the operand with batch 1 when B > 1
+    folded_batch: int               # a's batch folded into M (1: none)
+
+    def details(self) -> list[str]:
+        parts = []
+        if self.batch > 1:
+            parts.append(f"(B={self.batch}, {self.broadcast} broadcast)" if self.broadcast
+                         else f"(B={self.batch})")
+        parts += [f"{self.m}x{self.n}x{self.k}", f"a={self.a_layout}", f"b={self.b_layout}"]
+        if self.folded_batch > 1:
+            parts.append(f"(a's batch of {self.folded_batch} folded into M)")
+        return parts
 
 
 class KernelCall(NamedTuple):
@@ -38,10 +63,9 @@ class KernelCall(NamedTuple):
 
 def feature_fallback_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
     """Why the call is outside what the kernel supports whatever the GPU, or None."""
-    if a.device.type != KERNEL_DEVICE_TYPE:
-        return f"inputs are on {a.device.type}; the kernel needs a CUDA GPU"
-    if a.dtype not in KERNEL_DTYPES:
-        return f"dtype {a.dtype} is not supported by the kernel (bfloat16 and float16 only)"
+    reason = _scaffold.unsupported_input_reason("matmul", a)
+    if reason is not None:
+        return reason
     for name, t in (("a", a), ("b", b)):
         if t.dim() == 1:
             return (f"{name} is 1-D; matrix-vector and vector products are left to "
@@ -50,33 +74,6 @@ def feature_fallback_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
         return (f"an empty operand (a {tuple(a.shape)}, b {tuple(b.shape)}); torch.matmul "
                 "handles empty dims")
     return None
-
-
-def device_fallback_reason(device: torch.device) -> str | None:
-    """Why the kernel cannot run on ``device`` with this build, or None."""
-    if "matmul" not in BUILT_OPS:
-        return ("the matmul op family was not compiled into this build (families built: "
-                f"{','.join(sorted(BUILT_OPS)) or 'none'}); rebuild with TK_OPS unset")
-    if _op.OP is None:
-        return ("this build of the extension has no tk::matmul op (it predates it); rebuild: "
-                "pip install --no-build-isolation .")
-    return _gpu_reason(device.index) or None
-
-
-@torch.compiler.assume_constant_result
-def _gpu_reason(index: int) -> str:
-    """Why the kernel cannot run on CUDA device ``index`` ("" if it can). One string, a
-    trace-time constant under torch.compile: torch 2.11's dynamo cannot guard a comparison of
-    the capability tuple (NotImplementedError for a constant source)."""
-    capability = device_capability(index)
-    gpu = f"sm_{capability[0]}{capability[1]}"
-    if capability != KERNEL_CAPABILITY:
-        return (f"the matmul kernel needs an sm_90 (Hopper) GPU, this one is {gpu}; on other "
-                "GPUs tk.matmul is torch.matmul (cuBLAS)")
-    if not _extension.has_arch_specific_code_for(capability):
-        return (f"this build has no sm_90a code (built for {','.join(BUILT_ARCHS)}); rebuild "
-                "with e.g. TK_CUDA_ARCHS=90a pip install --no-build-isolation .")
-    return ""
 
 
 _DIM_NAMES = {"a": ("M", "K"), "b": ("K", "N")}
@@ -93,14 +90,18 @@ def _operand_layout(name: str, t: torch.Tensor) -> tuple[str | None, bool, str |
     return None, False, unreadable_reason(name, t, _DIM_NAMES[name])
 
 
-def decide(a: torch.Tensor, b: torch.Tensor,
-           out_shape: tuple) -> tuple[KernelCall | None, str | None]:
-    """(KernelCall, None) for the kernel path, (None, reason) for the torch.matmul fallback.
-
-    ``a`` and ``b`` have passed validation; ``out_shape`` is torch.matmul's output shape.
-    """
-    reason = feature_fallback_reason(a, b) or device_fallback_reason(a.device)
+def decide(a, b) -> tuple[KernelCall | None, str | None]:
+    """Checks the arguments (raising as tk.matmul does); (KernelCall, None) for the kernel path,
+    (None, reason) for the torch.matmul fallback."""
+    check_types(a, b)
+    if a.is_nested or b.is_nested:  # torch.matmul validates nested inputs itself
+        return None, "nested tensors are not supported by the kernel"
+    out_shape = check_values(a, b)
+    reason = feature_fallback_reason(a, b)
     if reason is not None:
+        return None, reason
+    family, reason = _scaffold.choose_family("matmul", a.device)
+    if family is None:
         return None, reason
     problem, reason = kernel_problem(a, b, out_shape)
     if problem is None:
@@ -112,3 +113,27 @@ def decide(a: torch.Tensor, b: torch.Tensor,
     if b_layout is None:
         return None, reason
     return KernelCall(problem, a_layout, b_layout, copy_a, copy_b), None
+
+
+def explain(a, b) -> MatmulPlan:
+    call, reason = decide(a, b)
+    strict = _config.strict_enabled()
+    if call is None:
+        return MatmulPlan(uses_kernel=False, reason=reason, kernel=None, kernel_description=None,
+                          op=None, dtype=a.dtype, strict=strict, batch=None, m=None, n=None,
+                          k=None, a_layout=None, b_layout=None, broadcast=None, folded_batch=1)
+    problem = call.problem
+    a_batch, m, k = problem.a.shape
+    b_batch, _, n = problem.b.shape
+    batch = max(a_batch, b_batch)
+    broadcast = None
+    if batch > 1 and a_batch == 1:
+        broadcast = "a"
+    elif batch > 1 and b_batch == 1:
+        broadcast = "b"
+    copies = tuple(name for name, copied in (("a", call.copy_a), ("b", call.copy_b)) if copied)
+    return MatmulPlan(uses_kernel=True, reason=None, kernel=SM90.name,
+                      kernel_description=SM90.description, op=f"tk.{SM90.op_name}", dtype=a.dtype,
+                      copies=copies, strict=strict, batch=int(batch), m=int(m), n=int(n),
+                      k=int(k), a_layout=call.a_layout, b_layout=call.b_layout,
+                      broadcast=broadcast, folded_batch=int(problem.folded_batch))
