@@ -578,8 +578,9 @@ def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
 
 
 def test_head_dim_96_is_sm90_only():
-    # The sm80 family is not built for d96 (families.py): with it picked, such calls go to SDPA
-    # with the reason, and its op refuses them; the sm90 kernels take them (and their op refuses 80).
+    # The sm80 family is not built for d96 (_C.attention_head_dims): with it picked, such calls go
+    # to SDPA with the reason, and its op refuses them; the sm90 kernels take them (and their op
+    # refuses 80).
     seeded("d96 routing")
     q, k, v = make_qkv(2, 4, 4, 100, 100, 96, torch.bfloat16)
     with tk.use_kernel("sm80"):
