@@ -1,10 +1,13 @@
 // The Python module thunderkittens._C. Importing it loads this shared library, whose static
 // initialisers register the tk ops with the dispatcher (torch.ops.tk.*). The module itself only
-// carries what the binary was built with, so the Python side can tell whether a GPU is covered
-// by the compiled targets and can report a build that does not match the installed torch.
-// Plain CPython API: pybind11 / torch/extension.h are not needed for four string constants.
+// carries facts: what the binary was built with, so the Python side can tell whether a GPU is
+// covered by the compiled targets and can report a build that does not match the installed
+// torch, and the head dims of the attention kernels, defined once in C++ (head_dims.h).
+// Plain CPython API: pybind11 / torch/extension.h are not needed for a few constants.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "attention/head_dims.h"
 
 #ifndef TK_BUILD_ARCHS
 #define TK_BUILD_ARCHS ""
@@ -27,6 +30,48 @@ static PyModuleDef tk_module = {
     nullptr,
 };
 
+namespace {
+
+// A tuple of Python ints from a head dim list (head_dims.h); nullptr with an exception set on failure.
+template <typename Dims>
+PyObject* head_dim_tuple() {
+    PyObject* tuple = PyTuple_New(Py_ssize_t(Dims::values.size()));
+    if (tuple == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < Py_ssize_t(Dims::values.size()); ++i) {
+        PyObject* value = PyLong_FromLong(Dims::values[size_t(i)]);
+        if (value == nullptr) {
+            Py_DECREF(tuple);
+            return nullptr;
+        }
+        PyTuple_SET_ITEM(tuple, i, value);  // steals the reference
+    }
+    return tuple;
+}
+
+// {"sm90": (64, 96, 128), "sm80": (64, 128)}: the head dims each attention kernel family is built
+// for, whatever families this build compiled (TK_OPS), so Python has one source for them.
+PyObject* attention_head_dims() {
+    PyObject* dims = PyDict_New();
+    if (dims == nullptr) return nullptr;
+    const struct {
+        const char* family;
+        PyObject* (*make)();
+    } families[] = {{"sm90", &head_dim_tuple<tk::attention::Sm90HeadDims>},
+                    {"sm80", &head_dim_tuple<tk::attention::Sm80HeadDims>}};
+    for (const auto& entry : families) {
+        PyObject* tuple = entry.make();
+        if (tuple == nullptr || PyDict_SetItemString(dims, entry.family, tuple) < 0) {
+            Py_XDECREF(tuple);
+            Py_DECREF(dims);
+            return nullptr;
+        }
+        Py_DECREF(tuple);
+    }
+    return dims;
+}
+
+}  // namespace
+
 PyMODINIT_FUNC PyInit__C(void) {
     PyObject* module = PyModule_Create(&tk_module);
     if (module == nullptr) return nullptr;
@@ -35,6 +80,12 @@ PyMODINIT_FUNC PyInit__C(void) {
         PyModule_AddStringConstant(module, "ops", TK_BUILD_OPS) < 0 ||
         PyModule_AddStringConstant(module, "torch_version", TK_BUILD_TORCH) < 0 ||
         PyModule_AddStringConstant(module, "torch_cuda_version", TK_BUILD_TORCH_CUDA) < 0) {
+        Py_DECREF(module);
+        return nullptr;
+    }
+    PyObject* head_dims = attention_head_dims();
+    if (head_dims == nullptr || PyModule_AddObject(module, "attention_head_dims", head_dims) < 0) {
+        Py_XDECREF(head_dims);  // PyModule_AddObject steals the reference only on success
         Py_DECREF(module);
         return nullptr;
     }

@@ -1,7 +1,8 @@
-"""CPU unit tests of host-compilable index math: the tile core's (kittens/common/layout_math.cuh)
-and the causal attention kernels' task order (csrc/attention/task_order.h).
+"""CPU unit tests of host-compilable headers: the tile core's index math
+(kittens/common/layout_math.cuh), the causal attention kernels' task order
+(csrc/attention/task_order.h) and the attention kernels' head dims (csrc/attention/head_dims.h).
 
-The checks live in tests/cpp/*.cpp (plain C++20: both headers compile as host code without
+The checks live in tests/cpp/*.cpp (plain C++20: the headers compile as host code without
 nvcc); each test compiles one with g++ and runs it, so it needs no GPU.
 """
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
-@pytest.mark.parametrize("name", ["test_layout_math", "test_task_order"])
+@pytest.mark.parametrize("name", ["test_layout_math", "test_task_order", "test_head_dims"])
 def test_host_index_math(tmp_path: Path, name: str) -> None:
     exe = tmp_path / name
     # -Werror: the headers are meant to be clean host C++; a warning there is a regression.

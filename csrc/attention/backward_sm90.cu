@@ -66,18 +66,17 @@ template <int D> constexpr int KV_BUFFERS = D <= 64 ? 2 : 1;
 template <int D> constexpr bool KV_IN_REGISTERS = D <= 64;
 // Named barriers (0: __syncthreads; 1 + c: warpgroup c's own): step n's dS^T is complete in
 // shared memory (4 + n % 2), its dQ product has read it (6 + n % 2), and warpgroup c's turn to
-// issue products (8 + c).
-constexpr int DS_READY = 4, DS_FREE = 6, TURN = 8;
+// issue products (8 + c). These constants and the register counts below are read only by the
+// sm_90a kernel body, which the other targets compile empty: [[maybe_unused]].
+[[maybe_unused]] constexpr int DS_READY = 4, DS_FREE = 6, TURN = 8;
 // d96 and d128: a step's dQ is computed one step later, and the warpgroups take turns issuing their
-// products (see the consumers). Measured (session 7, backward kernel, while the statistics
-// were still read from global memory): d128 full 1-3% faster, d128 causal level; d64 3-9%
-// slower (its consumers have no registers to spare), so d64 computes dQ in its own step,
-// without turns.
+// products (see the consumers): faster at d128. d64 computes dQ in its own step, without turns:
+// its consumers have no registers to spare, and deferring made it slower.
 template <int D> constexpr bool DEFER_DQ = D > 64;
 // The launch gives every thread 168 registers (65536 / 384, rounded down to 8): the producer
 // warpgroup gives back exactly what the consumers take ((168 - 24) * 128 = (240 - 168) * 256),
 // or setmaxnreg.inc waits forever.
-constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
+[[maybe_unused]] constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr float LOG2E = 1.4426950408889634f;
 
 // Deterministic mode: a staged dQ block for the keeper to reduce-add when its turn comes (query
@@ -135,7 +134,7 @@ struct Globals {
     int batch, heads_q, heads_kv, group_size, len_q, len_kv, len_q_padded;
     int causal_offset;    // key j visible to query i iff j <= i + causal_offset
     float scale, scale_log2;
-    // Last, so that the fields before keep the offsets they had before it grew (session 14).
+    // Last: its size changes move no other field's offset in the kernel parameters.
     HeadGroups head_groups;  // counted task order: heads whose tasks share L2 (heaviest_first)
 };
 
@@ -515,7 +514,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         // reads: compute-sanitizer's racecheck orders a thread's shared loads before the
         // producer's next bulk copy only through that thread's own arrival. A __syncwarp and
         // one arrival per warp is enough under the PTX memory model, but racecheck reports it
-        // as a WAR hazard (a minimal ring was clean only with per-thread arrivals; NOTES.md).
+        // as a WAR hazard (a minimal ring was clean only with per-thread arrivals).
         kt::arrive(sh.in_empty[s]);
     };
 
@@ -567,7 +566,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         // warpgroup collected a dQ in the last step). Each thread arrives for its own
         // task_index read, for racecheck as with the statistics (step_body): with one arrival
         // per warp it reported the producer's next write to the slot as a hazard once a block
-        // took more tasks than there are slots (session 10). Fenced like the other releases:
+        // took more tasks than there are slots. Fenced like the other releases:
         // at d64 a task with no steps has no step fence after its register copies of K.
         if (!k_released) release_kv(sh.k_empty[kvs]);
 
@@ -605,6 +604,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
 }
 
 struct Sm90Backward {
+    using head_dims = Sm90HeadDims;
     template <typename T, int D, bool CAUSAL>
     static cudaError_t run(const BackwardParams& p, cudaStream_t stream);
 };
@@ -640,11 +640,8 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     if (counted) {
         // The counted order: what a kv head's tasks touch is its group's Q and dO, the fp32 dQ
         // accumulator they reduce-add into (counted twice: each add reads and writes it in
-        // L2), and its K and V. Counting only Q and dO (until session 13) let 80 heads share
-        // L2 at b16 h16 n768 d128 causal: 0.985 of cuDNN fwd+bwd there, 1.06 with this count
-        // (20 heads on the 60 MiB H200; n1536 1.06 -> 1.08, d64 n768 1.06 -> 1.08; n3072 and
-        // GQA level). Long tasks lose some (b4 n4097 d128 1.13 -> 1.09, d64 n2048 1.056 ->
-        // 1.044), where the groups left a last group of one head (now evened out, heaviest_first).
+        // L2), and its K and V. Counting only Q and dO put four times as many heads in a group,
+        // and was slower on short sequences.
         const int64_t per_query_row = 2 * sizeof(T) + 2 * sizeof(float);  // Q, dO; dQ read and written
         const int64_t touched = (int64_t(p.len_q) * group_size * per_query_row + 2 * int64_t(p.len_kv) * sizeof(T)) * D;
         heads_per_group = heads_sharing_l2(touched, p.l2_bytes, int64_t(p.batch) * p.heads_kv);

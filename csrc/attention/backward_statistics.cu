@@ -101,8 +101,8 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
 }  // namespace
 
 cudaError_t backward_statistics(const BackwardParams& p, const OutputView& out, cudaStream_t stream) {
-    return with_dtype_and_head_dim(p.dtype, p.head_dim,
-                                   [&]<typename T, int D>() { return statistics<T, D>(p, out, stream); });
+    return with_dtype_and_head_dim<Sm90HeadDims>(p.dtype, p.head_dim,
+                                                 [&]<typename T, int D>() { return statistics<T, D>(p, out, stream); });
 }
 
 cudaError_t backward_finish_dq(const BackwardParams& p, void* dq, cudaStream_t stream) {

@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 }
 
 struct Sm80Forward {
+    using head_dims = Sm80HeadDims;  // not 96 (head_dims.h says why)
     template <typename T, int D, bool CAUSAL>
     static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
 };
@@ -251,10 +252,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
 
 template <typename T, int D, bool CAUSAL>
 cudaError_t Sm80Forward::run(const ForwardParams& p, cudaStream_t stream) {
-    // Head dim 96 is the sm90 kernels' only: this kernel ran it slower than FlashAttention-2
-    // (python/thunderkittens/_attention/families.py), so it is not built (the op refuses 96).
-    if constexpr (D == 96) return cudaErrorInvalidValue;
-    else return launch<T, D, CAUSAL>(p, stream);
+    return launch<T, D, CAUSAL>(p, stream);
 }
 
 }  // namespace
