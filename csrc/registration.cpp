@@ -13,7 +13,9 @@
 #endif
 
 TORCH_LIBRARY(tk, m) {
-    // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, D in {64, 96, 128}, Hq % Hkv == 0.
+    // The attention forward of the mma.sync kernel (sm_80 and newer).
+    // q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16/fp16, Hq % Hkv == 0, D one the kernel is built
+    // for (thunderkittens._C.attention_head_dims["sm80"]; csrc/attention/head_dims.h).
     // Returns out (B, Hq, Lq, D) contiguous and lse (B, Hq, Lq) fp32, the natural-log
     // log-sum-exp of the scaled scores, which the backward pass will need.
     // is_causal: key j is visible to query i iff j <= i (top-left, SDPA's is_causal); with
@@ -21,9 +23,10 @@ TORCH_LIBRARY(tk, m) {
     // is_causal is an error. With Lq > Lk, lower-right query rows i < Lq - Lk see no key: their
     // out row is 0, their lse -inf, and their gradients 0 (as FlashAttention and SDPA's math
     // backend give).
-    m.def("attention_fwd(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+    m.def("attention_fwd_sm80(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
           "bool lower_right=False) -> (Tensor out, Tensor lse)");
-    // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel.
+    // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel, with its head dims
+    // (attention_head_dims["sm90"]).
     m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
           "bool lower_right=False) -> (Tensor out, Tensor lse)");
     // Gradients of attention_fwd_sm90's out (given grad_out) with respect to q, k and v, from the
@@ -51,9 +54,13 @@ namespace {
 }
 
 #ifndef TK_HAS_ATTENTION
-std::tuple<at::Tensor, at::Tensor> attention_fwd_not_built(const at::Tensor&, const at::Tensor&,
-                                                            const at::Tensor&, bool, double, bool) {
-    family_not_built("attention_fwd", "attention");
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&,
+                                                                 const at::Tensor&, bool, double, bool) {
+    family_not_built("attention_fwd_sm80", "attention");
+}
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_not_built(const at::Tensor&, const at::Tensor&,
+                                                                 const at::Tensor&, bool, double, bool) {
+    family_not_built("attention_fwd_sm90", "attention");
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
@@ -71,8 +78,8 @@ at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_b
 
 #ifndef TK_HAS_ATTENTION
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
-    m.impl("attention_fwd", &attention_fwd_not_built);
-    m.impl("attention_fwd_sm90", &attention_fwd_not_built);
+    m.impl("attention_fwd_sm80", &attention_fwd_sm80_not_built);
+    m.impl("attention_fwd_sm90", &attention_fwd_sm90_not_built);
     m.impl("attention_bwd_sm90", &attention_bwd_not_built);
 }
 #endif

@@ -1,9 +1,10 @@
-// CUDA implementation of tk::attention_fwd: re-check the inputs (cheaply: shapes, dtypes,
-// devices, strides, alignment; never data), allocate the outputs, describe the call in a plain
-// ForwardParams struct and launch the kernel on the current stream of q's device.
+// CUDA implementations of tk::attention_fwd_sm80, tk::attention_fwd_sm90 and
+// tk::attention_bwd_sm90: re-check the inputs (cheaply: shapes, dtypes, devices, strides,
+// alignment; never data), allocate the outputs, describe the call in a plain params struct
+// (attention_params.h) and launch the kernel on the current stream of q's device.
 //
 // The Python layer (thunderkittens.attention) already makes inputs conform; these checks are
-// for direct callers of torch.ops.tk.attention_fwd, and they name the offending argument.
+// for direct callers of torch.ops.tk.*, and they name the op and the offending argument.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,15 +14,19 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <tuple>
 
 #include "attention/attention_params.h"
+#include "attention/head_dims.h"
 #include "device_facts.h"
 
 namespace tk::attention {
 namespace {
 
-constexpr const char* kOp = "tk::attention_fwd: ";
+// Error messages start with the op's name.
+constexpr const char* kSm80Op = "tk::attention_fwd_sm80: ";
+constexpr const char* kSm90Op = "tk::attention_fwd_sm90: ";
 constexpr const char* kBwdOp = "tk::attention_bwd_sm90: ";
 
 // (batch, heads, length) strides handed to the kernel. A dimension of size 1 is never stepped
@@ -37,7 +42,7 @@ std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
     return strides;
 }
 
-void check_layout(const at::Tensor& t, const char* name, const char* op = kOp) {
+void check_layout(const at::Tensor& t, const char* name, const char* op) {
     TORCH_CHECK(t.stride(3) == 1, op, name, " must have a contiguous last dimension (stride 1), got strides ",
                 t.strides());
     for (int dim = 0; dim < 3; ++dim) {
@@ -50,7 +55,7 @@ void check_layout(const at::Tensor& t, const char* name, const char* op = kOp) {
                 "(x.clone(memory_format=torch.contiguous_format))");
 }
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op = kOp) {
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
     TORCH_CHECK(t.defined(), op, name, " is undefined");
     TORCH_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor, got device ", t.device());
     TORCH_CHECK(t.device() == q.device(), op, name, " is on ", t.device(), " but q is on ", q.device());
@@ -66,7 +71,7 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, c
     check_layout(t, name, op);
 }
 
-ElementType element_type(const at::Tensor& q, const char* op = kOp) {
+ElementType element_type(const at::Tensor& q, const char* op) {
     switch (q.scalar_type()) {
         case at::kBFloat16: return ElementType::bf16;
         case at::kHalf: return ElementType::fp16;
@@ -75,9 +80,16 @@ ElementType element_type(const at::Tensor& q, const char* op = kOp) {
     }
 }
 
-// The head dims the sm90 kernels are built for (dispatch.h; families.py; the sm80 forward takes 64
-// and 128 only).
-bool is_kernel_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 96 || head_dim == 128; }
+// A family's head dims for a message: "64, 96 or 128".
+template <typename Dims>
+std::string head_dim_list() {
+    std::string text;
+    for (size_t i = 0; i < Dims::values.size(); ++i) {
+        if (i > 0) text += i + 1 == Dims::values.size() ? " or " : ", ";
+        text += std::to_string(Dims::values[i]);
+    }
+    return text;
+}
 
 // The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
 // positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
@@ -120,70 +132,104 @@ void fill_common(Params& p, const at::Tensor& q, const at::Tensor& k, const at::
     p.l2_bytes = l2_cache_bytes();
 }
 
-using Launcher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
+// What the forward's checks establish beside the tensors themselves.
+struct ForwardCall {
+    ElementType dtype;
+    int causal_offset;
+};
 
-std::tuple<at::Tensor, at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                 bool is_causal, double scale, bool lower_right,
-                                                 Launcher launch) {
-    TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
-    check_operand(q, "q", q);
-    check_operand(k, "k", q);
-    check_operand(v, "v", q);
-    const ElementType dtype = element_type(q);
+// The checks both forward ops make. `Dims`: the head dims of the op's kernel (head_dims.h);
+// `kernel`: a note on them for the message ("" or " (...)").
+template <typename Dims>
+ForwardCall check_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                          double scale, bool lower_right, const char* op, const char* kernel) {
+    TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
+    check_operand(q, "q", q, op);
+    check_operand(k, "k", q, op);
+    check_operand(v, "v", q, op);
+    const ElementType dtype = element_type(q, op);
 
     const int64_t batch = q.size(0), heads_q = q.size(1), len_q = q.size(2), head_dim = q.size(3);
     const int64_t heads_kv = k.size(1), len_kv = k.size(2);
-    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, kOp, "batch sizes differ: q ", q.sizes(),
+    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, op, "batch sizes differ: q ", q.sizes(),
                 ", k ", k.sizes(), ", v ", v.sizes());
-    TORCH_CHECK(v.size(1) == heads_kv, kOp, "k and v must have the same number of heads, got k ",
+    TORCH_CHECK(v.size(1) == heads_kv, op, "k and v must have the same number of heads, got k ",
                 k.sizes(), " and v ", v.sizes());
-    TORCH_CHECK(heads_q % heads_kv == 0, kOp, "q heads (", heads_q,
+    TORCH_CHECK(heads_q % heads_kv == 0, op, "q heads (", heads_q,
                 ") must be a multiple of k/v heads (", heads_kv, ")");
-    TORCH_CHECK(v.size(2) == len_kv, kOp, "k and v must have the same length, got k ", k.sizes(),
+    TORCH_CHECK(v.size(2) == len_kv, op, "k and v must have the same length, got k ", k.sizes(),
                 " and v ", v.sizes());
-    if (launch == &forward_sm90) {
-        TORCH_CHECK(is_kernel_head_dim(head_dim), kOp, "q head_dim must be 64, 96 or 128, got ", head_dim);
-    } else {  // the mma.sync kernel is not built for 96 (families.py says why)
-        TORCH_CHECK(head_dim == 64 || head_dim == 128, kOp, "q head_dim must be 64 or 128 (the sm80 kernel), got ",
-                    head_dim);
-    }
-    TORCH_CHECK(k.size(3) == head_dim, kOp, "k head_dim (", k.size(3), ") must equal q head_dim (",
+    TORCH_CHECK(Dims::contains(head_dim), op, "q head_dim must be ", head_dim_list<Dims>(), kernel, ", got ",
+                head_dim);
+    TORCH_CHECK(k.size(3) == head_dim, op, "k head_dim (", k.size(3), ") must equal q head_dim (",
                 head_dim, ")");
-    TORCH_CHECK(v.size(3) == head_dim, kOp, "v head_dim (", v.size(3), ") must equal q head_dim (",
+    TORCH_CHECK(v.size(3) == head_dim, op, "v head_dim (", v.size(3), ") must equal q head_dim (",
                 head_dim, ")");
-    check_scale(scale, kOp);
-    const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, kOp);
+    check_scale(scale, op);
+    return {dtype, causal_offset(is_causal, lower_right, len_q, len_kv, op)};
+}
 
-    const c10::cuda::CUDAGuard device_guard(q.device());
-    if (launch == &forward_sm90) check_sm90(q.device(), kOp, "tk.attention picks the sm80 kernel or SDPA there");
-    at::Tensor out = at::empty({batch, heads_q, len_q, head_dim}, q.options());
-    at::Tensor lse = at::empty({batch, heads_q, len_q}, q.options().dtype(at::kFloat));
-
+// Under q's device guard (the params carry the device's facts): allocates out (q's shape,
+// contiguous) and lse (batch, heads_q, len_q) fp32, and describes the call.
+ForwardParams forward_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                             double scale, const ForwardCall& call, at::Tensor& out, at::Tensor& lse) {
+    out = at::empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.options());
+    lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     ForwardParams params{};
-    fill_common(params, q, k, v, is_causal, offset, scale, dtype);
+    fill_common(params, q, k, v, is_causal, call.causal_offset, scale, call.dtype);
     params.o = out.mutable_data_ptr();
     params.lse = lse.mutable_data_ptr<float>();
-    at::Tensor task_counter;  // the sm90 causal kernel's task queue; a memset on the stream, graph-capturable
-    if (launch == &forward_sm90 && is_causal) {
-        task_counter = at::zeros({1}, q.options().dtype(at::kInt));
-        params.task_counter = task_counter.mutable_data_ptr<int>();
-    }
-    at::Tensor partials, pieces_done;  // the sm90 non-causal kernel's split last round, if any
-    if (launch == &forward_sm90) {
-        const ForwardWorkspace workspace = forward_sm90_workspace(params);
-        if (workspace.partial_floats > 0) {
-            partials = at::empty({workspace.partial_floats}, q.options().dtype(at::kFloat));
-            pieces_done = at::zeros({workspace.counters}, q.options().dtype(at::kInt));
-            params.partials = partials.mutable_data_ptr<float>();
-            params.pieces_done = pieces_done.mutable_data_ptr<int>();
-        }
-    }
     const auto os = kernel_strides(out);
     params.o_stride_b = os[0], params.o_stride_h = os[1], params.o_stride_l = os[2];
+    return params;
+}
 
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    const cudaError_t status = launch(params, stream);
-    TORCH_CHECK(status == cudaSuccess, kOp, "kernel launch failed: ", cudaGetErrorString(status));
+cudaStream_t current_stream(const at::Tensor& q) { return at::cuda::getCurrentCUDAStream(q.device().index()).stream(); }
+
+void check_launch(cudaError_t status, const char* op) {
+    TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));
+}
+
+// The mma.sync forward (sm_80 and newer).
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, bool is_causal, double scale,
+                                                           bool lower_right) {
+    const char* op = kSm80Op;
+    const ForwardCall call =
+        check_forward<Sm80HeadDims>(q, k, v, is_causal, scale, lower_right, op, " (the sm80 kernel)");
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    at::Tensor out, lse;
+    const ForwardParams params = forward_params(q, k, v, is_causal, scale, call, out, lse);
+    check_launch(forward_sm80(params, current_stream(q)), op);
+    return {out, lse};
+}
+
+// The TMA + wgmma forward (sm_90 only), with the workspace its plan asks for: the causal task
+// queue, or the split last round's partial results and counters (zeroed by memsets on the
+// stream, so the call stays graph-capturable).
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, bool is_causal, double scale,
+                                                           bool lower_right) {
+    const char* op = kSm90Op;
+    const ForwardCall call = check_forward<Sm90HeadDims>(q, k, v, is_causal, scale, lower_right, op, "");
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    check_sm90(q.device(), op, "tk.attention picks the sm80 kernel or SDPA there");
+    at::Tensor out, lse;
+    ForwardParams params = forward_params(q, k, v, is_causal, scale, call, out, lse);
+    const ForwardSm90Plan plan = plan_forward_sm90(params);
+    const auto i32 = q.options().dtype(at::kInt);
+    at::Tensor task_counter, partials, pieces_done;
+    if (plan.needs_task_counter) {
+        task_counter = at::zeros({1}, i32);
+        params.task_counter = task_counter.mutable_data_ptr<int>();
+    }
+    if (plan.partial_floats > 0) {
+        partials = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
+        pieces_done = at::zeros({plan.counters}, i32);
+        params.partials = partials.mutable_data_ptr<float>();
+        params.pieces_done = pieces_done.mutable_data_ptr<int>();
+    }
+    check_launch(forward_sm90(params, plan, current_stream(q)), op);
     return {out, lse};
 }
 
@@ -213,7 +259,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                 ", v ", v.sizes(), ", q ", q.sizes());
     TORCH_CHECK(heads_q % heads_kv == 0, op, "q heads (", heads_q, ") must be a multiple of k/v heads (", heads_kv,
                 ")");
-    TORCH_CHECK(is_kernel_head_dim(head_dim), op, "head_dim must be 64, 96 or 128, got ", head_dim);
+    TORCH_CHECK(Sm90HeadDims::contains(head_dim), op, "head_dim must be ", head_dim_list<Sm90HeadDims>(), ", got ",
+                head_dim);
     TORCH_CHECK(lse.defined() && lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
                     lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == heads_q && lse.size(2) == len_q,
                 op, "lse must be the forward's float32 (batch, heads_q, len_q) tensor on q's device, got ",
@@ -259,30 +306,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     const auto os = kernel_strides(out);
     const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
 
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    const cudaStream_t stream = current_stream(q);
     cudaError_t status = backward_statistics(params, out_view, stream);
     if (status == cudaSuccess) status = backward_sm90(params, stream);
     if (status == cudaSuccess) status = backward_finish_dq(params, dq.mutable_data_ptr(), stream);
-    TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));
+    check_launch(status, op);
     return {dq, dk, dv};
-}
-
-std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, bool is_causal, double scale,
-                                                           bool lower_right) {
-    return attention_fwd(q, k, v, is_causal, scale, lower_right, &forward_sm80);
-}
-std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, bool is_causal, double scale,
-                                                           bool lower_right) {
-    return attention_fwd(q, k, v, is_causal, scale, lower_right, &forward_sm90);
 }
 
 }  // namespace
 }  // namespace tk::attention
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
-    m.impl("attention_fwd", &tk::attention::attention_fwd_sm80_cuda);
+    m.impl("attention_fwd_sm80", &tk::attention::attention_fwd_sm80_cuda);
     m.impl("attention_fwd_sm90", &tk::attention::attention_fwd_sm90_cuda);
     m.impl("attention_bwd_sm90", &tk::attention::attention_bwd_sm90_cuda);
 }

@@ -18,7 +18,7 @@ struct ForwardParams {
     void* o;        // (B, Hq,  Lq, D), same strides rules
     float* lse;     // (B, Hq,  Lq) contiguous fp32: natural-log log-sum-exp of scaled scores
     int* task_counter;  // sm90 causal only: one int32, zero at launch (the persistent grid's task queue)
-    // sm90 non-causal, when forward_sm90_workspace says so: the split last round's partial
+    // sm90 non-causal, when its plan splits (ForwardSm90Plan): the split last round's partial
     // results (fp32) and its per-task counters of finished pieces (int32, zero at launch).
     float* partials;
     int* pieces_done;
@@ -30,7 +30,7 @@ struct ForwardParams {
 
     int batch, heads_q, heads_kv;  // heads_q % heads_kv == 0 (GQA/MQA)
     int len_q, len_kv;             // >= 1, arbitrary
-    int head_dim;                  // 64, 96 or 128
+    int head_dim;                  // one the kernel family is built for (head_dims.h)
     float scale;                   // softmax scale applied to q.k
     bool causal;                   // key j visible to query i iff j <= i + causal_offset
     int causal_offset;             // 0: SDPA's is_causal (top-left); Lk - Lq: causal_lower_right
@@ -70,7 +70,7 @@ struct BackwardParams {
 
     int batch, heads_q, heads_kv;
     int len_q, len_kv;
-    int head_dim;  // 64, 96 or 128
+    int head_dim;  // one of Sm90HeadDims (head_dims.h)
     float scale;
     bool causal;        // ForwardParams' rule: key j visible to query i iff j <= i + causal_offset
     int causal_offset;  // rows that see no key (lower-right with Lq > Lk) have lse = -inf, out = 0
@@ -101,16 +101,24 @@ cudaError_t backward_finish_dq(const BackwardParams& params, void* dq, cudaStrea
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
 
-// TMA + wgmma + warp-specialised kernel (sm_90a only).
-cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream);
-
-// What forward_sm90 needs beside the outputs for these params (shapes, causal, head dim and
-// the device's SM count; never data): fp32 elements at `partials` and zeroed int32 counters
-// at `pieces_done`. Both 0 when the kernel splits nothing (always for causal).
-struct ForwardWorkspace {
+// How the sm90 forward runs one call, from the params' shapes, causality and head dim and the
+// device's SM count (never data). Made once per call (plan_forward_sm90): the op sizes the
+// workspace by it and hands it to forward_sm90, which launches by it.
+struct ForwardSm90Plan {
+    int consumers;  // consumer warpgroups per block, 64 query rows each
+    // The non-causal split of the last round (task_order.h: split_last_round): the tasks from
+    // whole_tasks on, split_tasks of them, run as 2^piece_shift pieces each; 0: nothing split.
+    int whole_tasks, split_tasks, piece_shift;
+    // What the launch needs beside the outputs: one zeroed int32 at task_counter (causal: the
+    // task queue); partial_floats fp32 elements at partials and `counters` zeroed int32 at
+    // pieces_done (both 0 when nothing is split, always so for causal).
+    bool needs_task_counter;
     int64_t partial_floats;
     int64_t counters;
 };
-ForwardWorkspace forward_sm90_workspace(const ForwardParams& params);
+ForwardSm90Plan plan_forward_sm90(const ForwardParams& params);
+
+// TMA + wgmma + warp-specialised kernel (sm_90a only), as `plan` (made for these params) says.
+cudaError_t forward_sm90(const ForwardParams& params, const ForwardSm90Plan& plan, cudaStream_t stream);
 
 }  // namespace tk::attention

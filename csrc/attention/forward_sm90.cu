@@ -45,24 +45,19 @@ namespace {
 namespace kt = kittens;
 
 // Consumer warpgroups C (64 query rows each), a kernel parameter picked per launch
-// (Sm90Forward::run): at d64 the tensor work per key tile halves while the softmax does not, so
+// (plan_forward_sm90): at d64 the tensor work per key tile halves while the softmax does not, so
 // a third warpgroup keeps the tensor cores fed; at d128 (and d96) two warpgroups get 240
-// registers each, which O, S and P need. Short causal d64 runs with two: smaller tasks balance
-// better there (measured, session 10, tk/cuDNN forward at b16 h16: n768 0.91 -> 0.95, n1536 and
-// n2048 0.94-0.95 -> 0.97; from n3072 on three win: 1.01 vs 0.97, n12288 1.08 vs 0.98). Long
-// non-causal d128 runs with three (SERIAL_STEPS).
+// registers each, which O, S and P need. Short causal d64 runs with two (smaller tasks balance
+// better there; three win from n3072 on), long non-causal d128 with three (SERIAL_STEPS).
 template <int D> constexpr int CONSUMERS = D <= 64 ? 3 : 2;
 constexpr int SHORT_CAUSAL_D64_MAX_LEN = 2048;  // len_q up to which d64 causal uses two
-// Non-causal d128 with Lq and Lk both at least this long runs with three consumers. Measured
-// (session 24, back to back against cuDNN for 1-2 s, cuDNN/tk, three consumers -> two; b16 h16
-// unless given): n768 1.007 -> 1.046, n1536 1.024 -> 1.038, n3072 1.052 -> 1.043, b8 n6144
-// 1.066 -> 1.031 (3856 -> 3982 us), b4 n12288 1.066 -> 1.028 (7560 -> 7841 us); with O staged
-// in the Q rows (O_IN_Q, session 25, 2 s turns, two rounds) b8 n6144 1.078-1.080 (3881-3895 us,
-// one Q buffer 3939-3944, two consumers 4051-4063), b4 n12288 1.068-1.076. Causal stays with
-// two: with three its loop spills (ptxas).
+// Non-causal d128 with Lq and Lk both at least this long runs with three consumers (two are
+// faster below it). Causal stays with two: with three its loop spills (ptxas).
 constexpr int THREE_CONSUMER_D128_MIN_LEN = 3072;
 constexpr int BLOCK_N = 128;               // keys per tile
-constexpr int PRODUCER_REGISTERS = 24;
+// Constants and helpers marked [[maybe_unused]] are read only by the sm_90a kernel body, which
+// the other targets compile empty.
+[[maybe_unused]] constexpr int PRODUCER_REGISTERS = 24;
 // What the register file leaves each consumer thread once the producer has given its share back
 // (the launch gives every thread 65536 / threads, rounded down to 8).
 template <int C> constexpr int CONSUMER_REGISTERS = C == 2 ? 240 : 160;
@@ -73,12 +68,10 @@ template <int D> constexpr int STAGES = D <= 64 ? 4 : D <= 96 ? 3 : 2;
 
 // Whether non-causal launches split their last round (task_order.h: split_last_round). Not at
 // d128 with two consumers: the piece code moved ptxas's placement of the P V wait among the
-// exponentials in the d128 loop (SASS), and the d128 forward measured 1-2% slower on every
-// non-causal config, split or not (session 16, A/B in one call: n768 129.4 -> 131.0 us, GQA
-// b8 hq32 n2048 807 -> 814); with the pieces in a launch of their own the loop kept its
-// schedule, but the split's fixed cost (7-9 us) outweighed the d128 last rounds it replaced
-// (benchmarks/NOTES.md). d64: 2-4% faster where it splits (b16 h16 n3072 1180 -> 1148, b8 n6144
-// 2335 -> 2259 us). Three consumers at d128 split (their loop is serial, see below).
+// exponentials in the d128 loop (SASS), which made every non-causal config slower, split or not;
+// with the pieces in a launch of their own the loop kept its schedule, but the split's fixed cost
+// outweighed the d128 last rounds it replaced. Three consumers at d128 split (their loop is
+// serial, see below).
 constexpr bool splits_last_round(int head_dim, int consumers) { return head_dim <= 64 || consumers == 3; }
 
 // d128 with three consumer warpgroups (as TK's kernel): at 160 registers a consumer cannot hold
@@ -91,12 +84,8 @@ constexpr bool splits_last_round(int head_dim, int consumers) { return head_dim 
 template <int D, int C> constexpr bool SERIAL_STEPS = D > 64 && C == 3;
 template <int D, int C> constexpr bool O_IN_Q = SERIAL_STEPS<D, C>;
 // How the softmax's row max and row sum start their per-lane partials (kt::reduce_start).
-// Starting from the first element saves 32 instructions of a step's ~450 (SASS) and measured
-// faster everywhere but the serial steps (session 32, 1.5 s turns against cuDNN, two rounds, tk
-// us): b16 h16 n1536 d128 full 537/535 -> 526/525, n3072 d64 full 1271/1263 -> 1245/1246, b8
-// n6144 d128 causal 2175/2177 -> 2126/2127; but the serial steps' b8 n6144 d128 full went
-// 3782/3786 -> 3830/3859, and on another machine 3725/3740 -> 3778/3785 (b16 n3072 d128 full
-// level both times). So the serial steps keep the identity start, and their SASS is unchanged.
+// Starting from the first element saves 32 instructions of a step's ~450 (SASS) and is faster
+// everywhere but in the serial steps, which were slower with it and keep the identity start.
 template <int D, int C>
 constexpr kt::reduce_start SOFTMAX_REDUCE_START =
     SERIAL_STEPS<D, C> ? kt::reduce_start::identity : kt::reduce_start::first_element;
@@ -104,12 +93,13 @@ constexpr kt::reduce_start SOFTMAX_REDUCE_START =
 // O *= alpha row by row (kt::row_map) in the serial steps, as a predicated multiply that only
 // rows whose factor is not exactly 1 execute (NaN included: an unordered compare): a row whose
 // running max did not move keeps O bit for bit, and late tiles of long rows mostly move no max.
-// Without a branch the step keeps its shape (a warp-wide skip, session 26, split the softmax and
-// was 4% slower). Measured (session 31, back to back against cuDNN, same clock): b8 h16 n6144
-// d128 full 3765-3779 -> 3744-3752 us, b16 n3072 1942-1949 -> 1932-1936; in the overlapped steps
-// it cost two-consumer d128 n1536 1% and d64 causal n768 4.5%, so they keep kt::mul_row.
+// Without a branch the step keeps its shape (a warp-wide skip split the softmax and was slower).
+// The overlapped steps were slower with it, so they keep kt::mul_row. A member template like the
+// core's base ops (kittens/ops/base_ops.cuh), so only the sm_90a kernel body instantiates it.
 struct mul_unless_one {
-    __device__ static float op(float x, float factor) {
+    template <typename F>
+    __device__ static F op(F x, F factor) {
+        static_assert(std::is_same_v<F, float>, "mul_unless_one: fp32 only");
         asm("{\n\t.reg .pred moved;\n\tsetp.neu.f32 moved, %1, 0f3F800000;\n\t@moved mul.f32 %0, %0, %1;\n\t}"
             : "+f"(x) : "f"(factor));
         return x;
@@ -138,7 +128,7 @@ struct Globals {
     int batch, heads_q, group_size, len_q, len_kv;
     int causal_offset;    // causal: key j visible to query i iff j <= i + causal_offset
     float scale_log2;
-    // Last, so that the fields before keep the offsets they had before it grew (session 14).
+    // Last: its size changes move no other field's offset in the kernel parameters.
     HeadGroups head_groups;  // causal task order: heads whose tasks share L2 (heaviest_first)
     // The non-causal split last round (task_order.h): tasks from whole_tasks on are pieces,
     // 2^piece_shift per task. A piece's partial O (64 C rows x D) and lse (64 C) go to slot
@@ -264,7 +254,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                 // K_j is needed a step before V_j (S_j = Q K_j^T comes before P_j V_j), and a K
                 // stage frees up a step earlier: issue in the order K_0, K_1, V_0, K_2, V_1, ...
                 // (Serial steps need V_j before K_{j+1}, yet the order K_0, V_0, K_1, V_1 made
-                // the three-consumer kernel 2.5% slower, session 25.)
+                // the three-consumer kernel slower.)
                 auto load = [&](kt::semaphore* full, kt::semaphore* empty, typename S::kv_tile* tiles_of,
                                 const CUtensorMap* map, int j) {
                     const int n = ring + j, s = n % ST;
@@ -446,9 +436,8 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     // The last piece's warp: o and lse become the whole task's, from the pieces' partial results
     // in piece order (not arrival order, so the output is the same on every run), in one pass
     // (one round trip to L2 per piece) with a running max, as the softmax's:
-    // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k. Measured (session 35): 8
-    // pieces merged in 12-18k cycles a warp, against 52-54k in two passes over row-major parts;
-    // the last round's end came earlier and b8 h16 n6144 d128 full took 3689 us, not 3751.
+    // lse = log sum_k exp(lse_k), O = sum_k exp(lse_k - lse) O_k: a few times faster than two
+    // passes over row-major parts, which held up the end of the last round.
     auto merge_pieces = [&](const Task& t) {
         constexpr float LN2 = 0.6931471805599453f;
         const int pieces = 1 << g.piece_shift, first = t.piece & -pieces;
@@ -531,9 +520,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
     };
     // Three consumers at d128 (serial): each tile start to end, S_j, its softmax, O = O * alpha +
     // P_j V_j, and the wait for that product before S_{j+1}; the other two warpgroups keep the
-    // tensor cores busy meanwhile. No turns: ordering S_j only (session 28) or every product in a
-    // ring (S of one warpgroup, P V of the next, ..., session 33) held the step to the slowest
-    // softmax, and both were slower (the ring 2.3% at b8 h16 n6144).
+    // tensor cores busy meanwhile. No turns: ordering S_j only or every product in a ring (S of
+    // one warpgroup, P V of the next, ...) held the step to the slowest softmax, and both were
+    // slower.
     auto serial_tiles = [&](const Task& t, const auto& q, int qs, int row0, int key0) {
         start_rows();
         kt::zero(o);
@@ -567,8 +556,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         // Every lane reads the same index; taking it through a warp reduction puts it in a uniform
         // register, so the task's tile counts and the ring positions, stages and wgmma descriptors
         // derived from it stay in the uniform datapath (a plain shared load would leave them in
-        // vector registers, copied to uniform ones at every wgmma: 5% more instructions per
-        // causal tile, session 11).
+        // vector registers, copied to uniform ones at every wgmma).
         const int index = __reduce_min_sync(0xffffffffu, sh.task_index[qs]);
         if (index < 0) break;  // no more tasks
         const Task t = task_at<BLOCK_M, CAUSAL, SPLIT, PAIRED>(index, g);
@@ -610,8 +598,9 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
 }
 
 struct Sm90Forward {
+    using head_dims = Sm90HeadDims;
     template <typename T, int D, bool CAUSAL>
-    static cudaError_t run(const ForwardParams& p, cudaStream_t stream);
+    static cudaError_t run(const ForwardParams& p, const ForwardSm90Plan& plan, cudaStream_t stream);
 };
 
 // The consumer warpgroups of a launch: CONSUMERS<D>, but two for short causal d64 and three for
@@ -624,11 +613,10 @@ int consumers_for(const ForwardParams& p) {
     return p.head_dim <= 64 ? CONSUMERS<64> : CONSUMERS<128>;
 }
 
-// How a launch splits its last round (task_order.h); nothing when causal (the counted order
-// hands the light tasks out last), at a head dim that does not split (splits_last_round), or
-// with more tasks than fit in an int.
-TailSplit tail_split(const ForwardParams& p) {
-    const int consumers = consumers_for(p);
+// How a launch with `consumers` warpgroups splits its last round (task_order.h); nothing when
+// causal (the counted order hands the light tasks out last), at a head dim that does not split
+// (splits_last_round), or with more tasks than fit in an int.
+TailSplit tail_split(const ForwardParams& p, int consumers) {
     const int64_t tasks = int64_t(kt::ceil_div(p.len_q, 64 * consumers)) * p.batch * p.heads_q;
     const bool splits = splits_last_round(p.head_dim, consumers);
     if (p.causal || !splits || tasks > 0x7fffffff) return {int(tasks), 0, 0};
@@ -637,14 +625,10 @@ TailSplit tail_split(const ForwardParams& p) {
 
 // Which launches run in clusters of two sharing K/V (forward_kernel_sm90's CLUSTER): the
 // long non-causal d128 ones (three consumers). They run at the power cap, where time follows
-// energy per call, and L2 sending every K/V tile to each block is a part of that energy
-// (session 29: without K/V loads a call took 3-6% less time at a 6-10% higher clock). Shared
-// by pairs, L2 sends each tile half as often: measured (session 30, 1.5 s turns against cuDNN,
-// two rounds, us per call) b8 h16 n6144 3816-3832 -> 3767-3791 (another machine: 3873-3897 ->
-// 3850-3854), b16 h16 n3072 1979-1981 -> 1958, the clock 1605-1650 -> 1650-1665 MHz. Not the
-// other non-causal launches: paired, d64 (three consumers, K from one block and V from the
-// other) took 2% more time (b16 h16 n3072 1265 -> 1288-1294 us) and two-consumer d128 0.7%
-// more (b16 h16 n1536 537-538 -> 541-543).
+// energy per call, and L2 sending every K/V tile to each block is a part of that energy; shared
+// by pairs, L2 sends each tile half as often, and the clock runs higher. Not the other
+// non-causal launches: paired, d64 (three consumers, K from one block and V from the other) and
+// two-consumer d128 took more time.
 template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEPS<D, C> && !CAUSAL;
 // Whether tasks 2t and 2t + 1 read the same keys, and blocks 2i and 2i + 1 take them together:
 // a head's query blocks are an even number (so a pair never straddles two heads; the split's
@@ -652,17 +636,18 @@ template <int D, bool CAUSAL, int C> constexpr bool PAIRS_SHARE_KV = SERIAL_STEP
 // the split, are even).
 bool paired_tasks(const ForwardParams& p, int q_blocks) { return q_blocks % 2 == 0 && p.multiprocessors % 2 == 0; }
 
-// The kernel with C consumer warpgroups.
+// The kernel with C consumer warpgroups, as the plan says.
 template <typename T, int D, bool CAUSAL, int C>
-cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+cudaError_t launch(const ForwardParams& p, const ForwardSm90Plan& plan, cudaStream_t stream) {
+    if (plan.consumers != C) return cudaErrorInvalidValue;  // a plan made for other params
     // Task indices (and the task order's counts) are ints.
     const int q_blocks = kt::ceil_div(p.len_q, 64 * C);
     const int64_t whole = int64_t(q_blocks) * p.batch * p.heads_q;
     if (whole > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    const TailSplit split = tail_split(p);
-    const int64_t tasks = int64_t(split.whole_tasks) + (int64_t(split.split_tasks) << split.piece_shift);
+    const int64_t tasks = int64_t(plan.whole_tasks) + (int64_t(plan.split_tasks) << plan.piece_shift);
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    if (split.piece_shift > 0 && (p.partials == nullptr || p.pieces_done == nullptr)) return cudaErrorInvalidValue;
+    if (plan.needs_task_counter && p.task_counter == nullptr) return cudaErrorInvalidValue;
+    if (plan.piece_shift > 0 && (p.partials == nullptr || p.pieces_done == nullptr)) return cudaErrorInvalidValue;
     using G = Globals<T, D>;
     using Sh = Shared<T, D, C>;
     G g{};
@@ -684,10 +669,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (CAUSAL) {  // read only by causal launches (mask, task sizes, task order)
         g.causal_offset = p.causal_offset;
         // What a group's tasks touch: each head's Q and O, and its share of the K/V its tasks
-        // all read. Counting K/V alone (until session 13) let 80 heads share L2 at b16 h16
-        // n768 d128 causal; 40 with this count (groups of 36-37): 98.2 -> 91.2 us, 283.7 ->
-        // 277.0 at n1536; d64 level, GQA n4096 level (session 14, A/B in one call; the K/V-only
-        // count with the same even groups gave 92.5 and 282.4).
+        // all read (counting K/V alone put twice as many heads in a group, and was slower).
         const int64_t bytes_per_q_head = 2 * int64_t(p.len_kv) * D * sizeof(T) / g.group_size +
                                          2 * int64_t(p.len_q) * D * sizeof(T);
         g.head_groups = split_heads(p.batch * p.heads_q,
@@ -696,9 +678,9 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     }
     g.scale_log2 = p.scale * LOG2E;
     g.tasks = int(tasks);
-    g.whole_tasks = split.whole_tasks, g.piece_shift = split.piece_shift;
-    if (split.piece_shift > 0) {
-        const int64_t slots = int64_t(split.split_tasks) << split.piece_shift;
+    g.whole_tasks = plan.whole_tasks, g.piece_shift = plan.piece_shift;
+    if (plan.piece_shift > 0) {
+        const int64_t slots = int64_t(plan.split_tasks) << plan.piece_shift;
         g.partial_o = p.partials;
         g.partial_lse = p.partials + slots * 64 * C * D;
         g.pieces_done = p.pieces_done;
@@ -727,26 +709,32 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
 }
 
 template <typename T, int D, bool CAUSAL>
-cudaError_t Sm90Forward::run(const ForwardParams& p, cudaStream_t stream) {
+cudaError_t Sm90Forward::run(const ForwardParams& p, const ForwardSm90Plan& plan, cudaStream_t stream) {
     if constexpr (D == 64 && CAUSAL)
-        if (consumers_for(p) == 2) return launch<T, D, CAUSAL, 2>(p, stream);
+        if (plan.consumers == 2) return launch<T, D, CAUSAL, 2>(p, plan, stream);
     if constexpr (D == 128 && !CAUSAL)
-        if (consumers_for(p) == 3) return launch<T, D, CAUSAL, 3>(p, stream);
-    return launch<T, D, CAUSAL, CONSUMERS<D>>(p, stream);
+        if (plan.consumers == 3) return launch<T, D, CAUSAL, 3>(p, plan, stream);
+    return launch<T, D, CAUSAL, CONSUMERS<D>>(p, plan, stream);
 }
 
 }  // namespace
 
-cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream) {
-    return dispatch<Sm90Forward>(params, stream);
+ForwardSm90Plan plan_forward_sm90(const ForwardParams& params) {
+    ForwardSm90Plan plan{};
+    plan.consumers = consumers_for(params);
+    const TailSplit split = tail_split(params, plan.consumers);
+    plan.whole_tasks = split.whole_tasks, plan.split_tasks = split.split_tasks, plan.piece_shift = split.piece_shift;
+    plan.needs_task_counter = params.causal;
+    if (split.piece_shift > 0) {  // per slot a piece's O (rows x D) and lse (rows); a counter per warp
+        const int64_t slots = int64_t(split.split_tasks) << split.piece_shift, rows = 64 * plan.consumers;
+        plan.partial_floats = slots * rows * (params.head_dim + 1);
+        plan.counters = int64_t(split.split_tasks) * rows / 16;
+    }
+    return plan;
 }
 
-ForwardWorkspace forward_sm90_workspace(const ForwardParams& params) {
-    const TailSplit split = tail_split(params);
-    if (split.piece_shift == 0) return {0, 0};
-    const int consumers = consumers_for(params);
-    const int64_t slots = int64_t(split.split_tasks) << split.piece_shift, rows = 64 * consumers;
-    return {slots * rows * (params.head_dim + 1), int64_t(split.split_tasks) * rows / 16};  // a counter per warp
+cudaError_t forward_sm90(const ForwardParams& params, const ForwardSm90Plan& plan, cudaStream_t stream) {
+    return dispatch<Sm90Forward>(params, plan, stream);
 }
 
 }  // namespace tk::attention
