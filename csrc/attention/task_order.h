@@ -20,9 +20,8 @@ struct HeadAndRank {
 
 // How the heads split into groups: as few groups of at most max_heads_per_group heads as they
 // can, the groups differing by one head at most: heaviest-first evens out the blocks' ends only
-// within a group, and a last group of one head would end on that head's heaviest tasks alone
-// (session 13: b4 h16 n4097 d128 causal, 64 heads in groups of 7 and a last one of 1, lost 7%
-// forward). Made on the host, with the divisors a task's head and rank need.
+// within a group, and a last group of one head would end on that head's heaviest tasks alone.
+// Made on the host, with the divisors a task's head and rank need.
 struct HeadGroups {
     int big_heads;                          // the first groups' heads (one more per group)
     int big_tasks;                          // and their tasks
@@ -59,7 +58,7 @@ inline int heads_sharing_l2(int64_t bytes_per_head, int64_t l2_bytes, int64_t he
 // The non-causal forward's last round. Its tasks are all the same size and go round robin, so
 // when they are not a whole number of rounds of the grid the last round runs only the few
 // left over, on as few SMs, for a whole task's time (b8 hq32 n2048 d128: 4096 tasks are 31
-// rounds of 132 and 4 more, and took as long as 4224 tasks, session 16). Those left-over
+// rounds of 132 and 4 more, as long as 4224 tasks would take). Those left-over
 // tasks run instead as 2^piece_shift pieces each, over equal shares of the key tiles, on that
 // many blocks; the last piece of a task to finish merges them (forward_sm90.cu). A power of two,
 // so that a piece's task and tiles come from shifts, which the kernel keeps in uniform
@@ -72,12 +71,9 @@ struct TailSplit {
 };
 
 // At least this many key tiles per piece, and a split only where it takes at least
-// MIN_TILES_SAVED tiles off the last round's longest task: splitting costs a fixed 7-9 us
-// (the partial results written, fenced, counted, read back and merged, the merged rows stored
-// from registers), about what 4-6 d64 tiles take. Session 16, forward kernel us unsplit ->
-// split, d64, 4 tasks: 8 tiles in 2 pieces 14.9 -> 18.5, 16 tiles in 4 pieces 26.2 -> 20.4,
-// 32 in 8 49.1 -> 26.8; 64 tasks, 16 tiles in 2 pieces 27.2 -> 27.6. (Session 35 cut the merge
-// of 8 pieces from 52-54k to 12-18k cycles, kt::store_part; these limits were not re-measured.)
+// MIN_TILES_SAVED tiles off the last round's longest task: splitting has a fixed cost (the
+// partial results written, fenced, counted, read back and merged, the merged rows stored from
+// registers), about what 4-6 d64 tiles take.
 constexpr int MIN_TILES_PER_PIECE = 4;
 constexpr int MIN_TILES_SAVED = 12;
 constexpr int MAX_PIECE_SHIFT = 6;  // 64 pieces; with < 2^24 tiles, piece * tiles fits an int

@@ -52,50 +52,35 @@ constexpr int WIDE = 256, NARROW = 128, SKINNY = 64;  // the tile widths (BN)
 // Thin tiles: skinny ones 16 or 32 columns wide, for a side of at most 16 or 32 (decode batches)
 // whose operand is K-major. Their short operand's slice is 2 or 4 KiB instead of 8 (out-of-range
 // rows included: TMA writes them as zeros) and a k-step is a quarter or half of the tensor work.
-// Measured (session 19, us per call, bf16 x @ w.mT, 128 x 64 -> 128 x 16 tiles): 1x4096x4096
-// 19.5 -> 12.6, 16x4096x4096 17.8 -> 12.8, 16x14336x4096 37.1 -> 35.0, 8x28672x8192 130.2 -> 116.0.
 constexpr int THIN = 16, THIN_32 = 32;
 constexpr int STAGES = 4;
 // Skinny and thin tiles stream mostly one operand (the other is at most 64, 32 or 16 rows, often
-// zero-filled): a deeper ring keeps more of it in flight. Measured (session 19): 64-row skinny
-// tiles with 12 stages (96 KiB of the long operand in flight per SM) streamed 10-20% slower than
-// these; 12 thin stages instead of 8 were level or slower (16x4096x14336 39.5 against 37.1 us).
+// zero-filled): a deeper ring keeps more of it in flight, up to a point: 12 stages were slower
+// for skinny tiles and no faster for thin ones.
 constexpr int SKINNY_STAGES = 8, THIN_STAGES = 8;
 constexpr int EPILOGUE_COLS = 64;  // columns of C per TMA store chunk
 // Task order: tiles go in groups of this many tile-rows, down a group's tile column before the
 // next column, so that the ~132 tiles running at once share few panels of A and B, which L2
 // keeps while they run. A round of R tiles spanning g tile-rows of BM and R / g tile-columns of BN
 // reads g * BM + R / g * BN rows of K: least at g = sqrt(R * BN / BM), 16 for wide tiles on 132
-// SMs. The anchor GEMMs run at the power cap (~690 W, clock below 1.6 GHz), so DRAM traffic saved
-// is clock gained. Measured (session 21, us per call, 8 -> 16): 4096^3 179.5 -> 178.5 (run for 3 s:
-// 1470 -> 1485 MHz), 4096x14336x4096 629 -> 626, 8192^3 1434 -> 1422, 8192x8192x2048 371 -> 366.
-// 12 lost at 4096x14336x4096; 20, 24 and 32 were level with 16 or slower, and so was walking
-// groups of tile-columns instead.
+// SMs. Large GEMMs run at the power cap, so DRAM traffic saved is clock gained. 8, 12, 20, 24
+// and 32 were slower or level, and so was walking groups of tile-columns instead.
 constexpr int TILE_ROWS_PER_GROUP = 16;
 // Short skinny tiles: 64 rows (one consumer warpgroup) instead of BM, so that a product with few
 // tiles can stream its long operand on more SMs (N = 4096: 64 tiles in 2 shares, 128 blocks,
 // where 32 tiles took 3 shares, 96 blocks: the most clusters of 4 that fit are 30). Their rings
 // are deeper, to keep as many bytes in flight. They pay only over long shares (MIN_SHORT_STEPS).
 constexpr int SHORT_BM = 64, SHORT_THIN_STAGES = 16, SHORT_SKINNY_STAGES = 12;
-// Measured (session 20, us per call, bf16 x @ w.mT, N = 4096, 128-row tiles in 3 shares ->
-// 64-row tiles in 2 shares of K / 128 steps): M = 16, K = 4096 (32 steps) 12.7 -> 14.3, 6144 (48)
-// 18.6 -> 19.0, 8192 (64) 24.4 -> 23.3, 10240 (80) 28.6 -> 27.2, 14336 (112) 37.2 -> 35.4;
-// M = 64 (64-wide tiles), K = 4096 15.4 -> 16.4, 6144 level, 8192 27.7 -> 25.8, 14336 41.4 -> 39.1.
+// Shares of at least this many k-steps: shorter ones were slower with 64-row tiles.
 constexpr int MIN_SHORT_STEPS = 64;
 // The tensor maps' L2 promotion: 128 bytes, a box row of our 128-byte swizzled panels, rather than
-// the 256 of the attention maps. Measured (session 22, us per call, two passes each; 256 -> 128
-// -> none): 16x4096x14336 w.mT 35.0 / 35.0 -> 33.9 / 34.1 -> 34.0 / 34.0 (cuBLAS 33.6-34.2);
-// 16x4096x4096 and 64x4096x4096 w.mT, 1024x1024x1024..8192, 512x512x16384, 2048x2048x8192, 4096^3
-// and 4096x14336x4096 level (within 0.3%).
+// the 256 of the attention maps (faster for thin products, level elsewhere).
 constexpr CUtensorMapL2promotion L2_PROMOTION = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 // C is written once and never read back by the kernel, so wide tiles' C stores ask L2 to drop
 // their lines first, leaving room for the A rows a group rereads (as B's loads do where those
 // fit, b_evict_first). Only wide tiles: their products are large (C of 4096^3 is 32 MiB, of
 // 4096x14336x4096 112 MiB), while a small product's C may still be in L2 when the next kernel
-// reads it. Measured (session 27, back to back for 2 s against cuBLAS, two rounds, cuBLAS/tk
-// time, no hint -> C evict_first): 4096^3 0.995, 0.995 -> 1.001, 1.000; 4096x14336x4096 0.997,
-// 0.998 -> 1.004, 1.004; 8192^3 1.005, 1.001 -> 1.009, 1.007; 16384x4096x4096 1.003, 1.005 ->
-// 1.005, 1.010. B evict_first on every wide tile as well (8192^3 included) was no better.
+// reads it. B evict_first on every wide tile as well was no better.
 template <int BN> constexpr bool C_EVICT_FIRST = BN == WIDE;
 
 // A warp's 16 accumulator rows to / from a slice of the split-K partials (shared memory of the
@@ -221,11 +206,9 @@ struct Layout {
     }
 
     // The producer thread's loop body: keep it short. Skinny and thin tiles move 10-24 KiB per
-    // stage, and the one thread that issues them spent ~400 cycles per stage (a clock64 timeline,
-    // session 21), which held the ring to ~3 stages in flight. With the share's start hoisted out
-    // of here (us per call, w.mT): 16x4096x4096 12.8 -> 11.8, 32x4096x4096 13.8 -> 12.8,
-    // 64x4096x4096 15.4 -> 14.6, 64x4096x14336 38.8 -> 37.2, 512x512x16384 30.6 -> 29.3; but
-    // 1x4096x4096 12.6 -> 12.9 and 4096x16x4096 (row-major B) 15.0 -> 15.5.
+    // stage, and the one thread that issues them spent ~400 cycles per stage (a clock64
+    // timeline), which held the ring to ~3 stages in flight; hence the share's start is hoisted
+    // out of here.
     __device__ static void load(inputs& in, const task& t, int it, const globals& g, kt::semaphore& sem) {
         if constexpr (SPLIT) it += t.first_step;
         const int ab = g.a_batched ? t.batch : 0, bb = g.b_batched ? t.batch : 0;
@@ -351,26 +334,19 @@ int64_t output_tiles(const MatmulParams& p, int bn) {
 // Wide tiles unless they leave SMs idle and narrow ones do not: with fewer 128 x 256 tiles than
 // SMs (one round), 128 x 128 tiles halve each block's work only if they too fit in one round.
 // Past that they take two rounds, the same time per SM as one wide round, with a third more
-// reads from L2 per product and twice the epilogues. Measured (session 22, us per call, narrow
-// in two rounds -> wide in one): 2048x2048x8192 96.3 -> 86.9 (cuBLAS 86.1-87.0), 2048^3 26.8 ->
-// 26.6. Many rounds (wide tiles >= SMs) stay wide: there a round is only the tail.
+// reads from L2 per product and twice the epilogues. Many rounds (wide tiles >= SMs) stay wide:
+// there a round is only the tail.
 int tile_width(const MatmulParams& p, bool c_tma) {
     return c_tma && output_tiles(p, NARROW) <= p.multiprocessors ? NARROW : WIDE;
 }
 
 // Split-K's fixed cost (writing, exchanging and summing the partials, the cluster barriers)
-// pays only over long enough shares. Through global memory and zeroed counters (session 17, us
-// per call, unsplit -> split) it took 48 steps: 512x512x16384 80 -> 35, 1024x1024x8192 44 -> 40,
-// while 32-step shares lost (256x4096x4096 25.6 -> 28.1) and 8-step ones lost a lot (1024^3
-// 10.5 -> 18.1). Through a cluster's shared memory (session 19, at least 48 -> 16 steps):
-// 512x512x16384 32.2 -> 30.6, 1024x1024x4096 24.4 -> 23.5, 256x4096x4096 24.9 -> 24.1,
-// 1024x1024x8192 and 2048x1024x4096 level.
+// pays only over long enough shares: the partials go through a cluster's shared memory, cheap
+// enough for shares of 16 steps (through global memory it took 48).
 constexpr int MIN_SPLIT_STEPS = 16;
 // A skinny tile's partials are at most half a narrow one's (only the 16-column blocks that reach
 // into C are exchanged) and the product is bound by streaming the long operand, so it splits
-// down to short shares. Measured (session 18, us per call, bf16 x @ w.mT): shares of at least
-// 16, 8 or 4 steps are level (16x4096x4096 18.9 / 18.6 / 19.0, 1x4096x4096 19.7 / 19.3 / 19.5,
-// 16x4096x14336 40.1 / 39.9 / 40.3); unsplit, they take 25.4, 25.3 and 75.1.
+// down to short shares (16, 8 or 4 steps were level; unsplit is much slower).
 constexpr int MIN_SKINNY_SPLIT_STEPS = 8;
 // A tile's shares run as one cluster: at most 8 blocks (the portable cluster size).
 constexpr int MAX_SPLITS = 8;
@@ -455,14 +431,11 @@ MatmulParams swapped_operands(const MatmulParams& p) {
 
 // A group of tile-rows (TILE_ROWS_PER_GROUP) rereads its rows of A for every tile-column while
 // B streams past. When those A rows take at most this share of L2, B's loads ask L2 to drop
-// their lines first, so that A stays. Measured (session 26, back to back for 2 s against cuBLAS,
-// two rounds, cuBLAS/tk time, no hint -> B evict_first): 4096^3 0.993 -> 0.998-0.999,
-// 4096x14336x4096 0.989-0.992 -> 0.998-1.001, 16384x4096x4096 1.000 -> 1.003, 8192x8192x2048
-// 1.007-1.010 -> 1.005-1.007; but 8192^3 (A rows 32 MiB) 1.002-1.007 -> 0.994-0.995, hence
-// the share. Only for wide tiles: skinny and thin ones reread the small operand and stream the
-// long one, whichever side it is. A evict_last as well gained less, A evict_last alone nothing;
-// an explicit evict_normal policy where no hint is wanted cost 8192^3 3%, so those loads go
-// without one.
+// their lines first, so that A stays (faster, but slower where the A rows fill much of L2:
+// hence the share). Only for wide tiles: skinny and thin ones reread the small operand and
+// stream the long one, whichever side it is. A evict_last as well gained less, A evict_last
+// alone nothing; an explicit evict_normal policy where no hint is wanted was slower, so those
+// loads go without one.
 constexpr int B_EVICT_FIRST_L2_SHARE = 3;
 template <typename T>
 bool b_evict_first(const MatmulParams& q, int rows) {

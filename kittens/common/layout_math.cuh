@@ -21,8 +21,7 @@ KITTENS_HOST_DEVICE constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 // Division by a number fixed before a kernel starts (a head count, blocks per head), as one
 // 32x32 -> 64-bit multiply and a shift instead of the dozen-odd dependent instructions of a
 // general integer division: kernels that map a task index to its coordinates at every task
-// pay that latency before the task's first product (session 14: two divisions more per task
-// cost the causal attention forward 1-2%). For 0 <= n < 2^31 and value >= 1: with
+// pay that latency before the task's first product. For 0 <= n < 2^31 and value >= 1: with
 // l = ceil(log2 value), shift = 31 + l and multiplier = ceil(2^shift / value) (< 2^32), the
 // excess multiplier * value - 2^shift is below value <= 2^l, so n times it stays below
 // 2^shift and (n * multiplier) >> shift is exactly floor(n / value).

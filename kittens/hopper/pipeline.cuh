@@ -42,14 +42,18 @@ template <typename L>
 constexpr int threads() { return (L::consumer_warpgroups + 1) * 4 * WARP_THREADS; }
 
 template <typename L>
-constexpr int shared_bytes() {
-    return shared_bytes_for<typename L::inputs[L::stages], typename L::outputs, semaphore[2 * L::stages]>();
-}
-
-template <typename L>
 constexpr int release_lag() {
     if constexpr (requires { L::release_lag; }) return L::release_lag;
     else return 0;
+}
+
+// Also checks the layout's stage constants where every compilation target sees them (the
+// kernel body that reads them is compiled for sm_90a only).
+template <typename L>
+constexpr int shared_bytes() {
+    static_assert(L::input_bytes > 0 && L::input_bytes % 16 == 0, "pipeline: a stage's TMA bytes are 16-byte multiples");
+    static_assert(release_lag<L>() == 0 || release_lag<L>() == 1, "pipeline: release_lag is 0 or 1");
+    return shared_bytes_for<typename L::inputs[L::stages], typename L::outputs, semaphore[2 * L::stages]>();
 }
 
 // Registers per thread after the split: the producer keeps few, consumers share the rest

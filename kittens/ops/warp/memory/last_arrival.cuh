@@ -1,7 +1,6 @@
 // Work split over blocks whose last finisher combines the parts (the attention forward's split
-// key ranges; tk.matmul's split-K used it until its shares became one cluster, session 19):
-// each part's warp writes its results to global memory and arrives at a counter; only the
-// warp whose arrival completes the count reads all the parts back.
+// key ranges): each part's warp writes its results to global memory and arrives at a counter;
+// only the warp whose arrival completes the count reads all the parts back.
 #pragma once
 #include "../../../common/util.cuh"
 #include "../../../types/register/rt.cuh"
@@ -46,8 +45,7 @@ __device__ __forceinline__ void for_each_part_chunk(RT& tile, F&& f) {
 // tile position (the same lane -> element map) can read it back; `part` is 16-byte aligned and
 // holds RT::rows * RT::cols floats. Through a row-major layout (kt::store, kt::load) a 16 x 128
 // tile took 64 scalar accesses per lane, each warp access using half of its 32-byte sectors;
-// this way it takes 16. With it and a one-pass merge, the attention forward's last warp merged
-// 8 parts in 12-18k cycles instead of 52-54k (session 35, clock64 probes).
+// this way it takes 16.
 template <register_tile RT>
 __device__ __forceinline__ void store_part(float* part, const RT& src) {
     float4* chunks = reinterpret_cast<float4*>(part);
