@@ -1,7 +1,7 @@
 """The built kernels keep local memory (spills) out of their tensor-core loops.
 
 Reads the SASS of the installed extension (cuobjdump, from the CUDA toolkit) and checks, with
-scripts/sass_loops.py, that no local load or store sits in an innermost loop that issues HGMMA
+tools/sass_loops.py, that no local load or store sits in an innermost loop that issues HGMMA
 or HMMA. Spills elsewhere (the 24-register producer warpgroup, per-task setup) are allowed:
 ptxas counts them, but they do not run per step. Needs no GPU; skips without cuobjdump (the CPU
 CI machine has nvcc only).
@@ -11,6 +11,7 @@ with use_kernel("sm80")) has one or two local loads in its non-causal loop; the 
 compiled for its own targets (sm_80, sm_86, sm_89) is checked.
 """
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -19,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import sass_loops  # noqa: E402
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def find_cuobjdump():
@@ -32,7 +32,17 @@ def find_cuobjdump():
     return candidate if os.access(candidate, os.X_OK) else None
 
 
-def is_forced_only(traffic: sass_loops.LocalTraffic) -> bool:
+@pytest.fixture(scope="module")
+def sass_loops():
+    # Imported here, not at collection: tools/ is not a package and not on the path.
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return importlib.import_module("sass_loops")
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+def is_forced_only(traffic) -> bool:
     """The mma.sync forward (mangled `14forward_kernelI`, not `19forward_kernel_sm90I`) on sm_90a."""
     return traffic.arch.startswith("sm_90") and "14forward_kernelI" in traffic.name
 
@@ -50,13 +60,13 @@ def sass():
                           check=True).stdout
 
 
-def test_the_extension_has_tensor_core_kernels(sass):
+def test_the_extension_has_tensor_core_kernels(sass, sass_loops):
     # Guards the check below against reading nothing (an empty or unparsed listing).
     kernels = sass_loops.parse(sass)
     assert any(ins.base in sass_loops.TENSOR_CORE for kernel in kernels for ins in kernel.instructions)
 
 
-def test_no_local_memory_in_tensor_core_loops(sass):
+def test_no_local_memory_in_tensor_core_loops(sass, sass_loops):
     offenders = [f"{traffic.arch} {traffic.name}: {traffic.hot} of {traffic.total} local loads/stores"
                  for traffic in sass_loops.report(sass) if traffic.hot and not is_forced_only(traffic)]
     assert not offenders, "local memory in tensor-core loops:\n" + "\n".join(offenders)
