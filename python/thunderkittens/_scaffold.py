@@ -82,6 +82,7 @@ class KernelFamily:
                 return (f"this build has no sm_{target} code (built for {built}); rebuild with "
                         f"e.g. TK_CUDA_ARCHS={target} {REBUILD}")
         elif not _extension.has_kernel_image_for(capability):
+            # An sm_90 build is a 90a build: the sm90 kernels need it, and it runs these too.
             target = f"{capability[0]}{capability[1]}{'a' if capability == (9, 0) else ''}"
             return (f"this build has no code for {gpu} (built for {built}); rebuild with e.g. "
                     f"TK_CUDA_ARCHS={target} {REBUILD}")
