@@ -1,0 +1,20 @@
+"""The property-based differential suite: random calls of every op, each checked against a
+float64 PyTorch reference within the error PyTorch's own low-precision path makes.
+
+Modules:
+  settings     the hypothesis profiles (``cpu``: short, ``gpu``: long, ``smoke``), the fixed seed
+  tolerance    the one tolerance rule every comparison applies
+  environment  what the machine and the build can run, and the path each call should take
+  layouts      operands in the memory layouts models produce (transposed, fused QKV slices,
+               offset and strided slices, expanded views)
+  attention    tk.attention cases: strategies, the float64 reference, PyTorch's yardstick, checks
+  matmul       the same for tk.matmul
+  runner       the properties (hypothesis tests) and the per-path case counts; also runs one
+               property in this process for a GPU test's fresh process (``python -m differential``)
+  fallback_layouts  the fixed cases of test_fallback_layouts_gpu.py, run in fresh processes
+
+The tests that use them: test_differential_cpu.py (short profile, CPU: fallbacks, validation,
+the CPU stand-in kernels, fake tensors and torch.compile) and test_differential_gpu.py (long
+profile, the real kernels, every family forced in turn). TK_FUZZ_PROFILE picks a profile,
+TK_FUZZ_SEED another seed.
+"""

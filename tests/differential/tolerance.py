@@ -1,0 +1,110 @@
+"""The tolerance rule of the differential suite, in one place (DESIGN.md section 6).
+
+For an output (or a gradient) ``out`` of one of our ops, ``ref`` the float64 answer on the same
+inputs, and ``theirs`` PyTorch's own answer in the inputs' dtype (SDPA or torch.matmul on
+contiguous copies of the same values: the yardstick):
+
+  * ``out`` has the shape and dtype asked for, and is non-finite exactly where ``ref`` is
+    (NaN where ``ref`` is NaN, the same infinities): memory the op forgot to write shows here;
+  * where the answer is 0 by construction (rows that see no key, gradient memory outside
+    the views of a base tensor: the caller's ``exact_zero``) ``out`` is exactly 0;
+  * max |out - ref| <= ERROR_FACTOR * max |theirs - ref| + slack, with
+    slack = max(ABS_FLOOR, eps(dtype) / 16 * max |ref|) (an eighth of a rounding step at the
+    largest value: it only matters where PyTorch's error is near zero, e.g. a single key);
+  * ||out - ref|| / ||ref|| <= ERROR_FACTOR * ||theirs - ref|| / ||ref|| + REL_SLACK.
+
+The yardstick must itself be sane (relative L2 error below YARDSTICK_LIMIT), or the rule would
+be no rule: an insane one is reported as such.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ERROR_FACTOR = 2.0
+ABS_FLOOR = 1e-5
+REL_SLACK = 1e-6
+YARDSTICK_LIMIT = 0.1
+
+
+class YardstickError(AssertionError):
+    """PyTorch's own answer is not usable as a yardstick (not finite where the reference is,
+    or far from it)."""
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in mask.nonzero()[0].tolist())
+
+
+def _slack(ref_finite: torch.Tensor, dtype: torch.dtype) -> float:
+    largest = ref_finite.abs().max().item() if ref_finite.numel() else 0.0
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return max(ABS_FLOOR, eps / 16 * largest)
+
+
+def assert_nonfinite_match(what: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    """``out`` is NaN / +inf / -inf exactly where ``ref`` is."""
+    if bool(torch.isfinite(ref).all()) and bool(torch.isfinite(out).all()):
+        return
+    for name, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        ours, expected = test(out), test(ref)
+        if not torch.equal(ours, expected):
+            wrong = ours != expected
+            index = _first_index(wrong)
+            raise AssertionError(
+                f"{what}: {int(wrong.sum())} of {out.numel()} elements differ in being {name} "
+                f"from the float64 reference (first at {index}: ours {out[index].item()}, "
+                f"reference {ref[index].item()})")
+
+
+def assert_close(what: str, out: torch.Tensor, ref: torch.Tensor, theirs: torch.Tensor,
+                 dtype: torch.dtype | None = None, exact_zero: torch.Tensor | None = None) -> None:
+    """The rule above; ``dtype`` is the inputs' dtype (default: out's); ``exact_zero`` a bool
+    mask of where ``out`` must be exactly 0."""
+    dtype = dtype or out.dtype
+    assert tuple(out.shape) == tuple(ref.shape), \
+        f"{what}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype}, expected {dtype}"
+    out64 = out.detach().double()
+    ref = ref.detach()
+    assert_nonfinite_match(what, out64, ref)
+    if exact_zero is not None and exact_zero.any() and not torch.all(out64[exact_zero] == 0):
+        wrong = exact_zero & (out64 != 0)
+        index = _first_index(wrong)
+        raise AssertionError(f"{what}: {int(wrong.sum())} elements are not 0 where the answer is 0 "
+                             f"by construction (first at {index}: {out64[index].item()})")
+    theirs64 = theirs.detach().double()
+    if bool(torch.isfinite(ref).all()):  # the common case: no masks to apply
+        if not bool(torch.isfinite(theirs64).all()):
+            raise YardstickError(f"{what}: PyTorch's own answer is not finite where the reference is")
+        diff, diff_theirs, ref_finite = out64 - ref, theirs64 - ref, ref
+    else:
+        finite = torch.isfinite(ref)
+        if not finite.any():
+            return
+        if not bool(torch.isfinite(theirs64[finite]).all()):
+            raise YardstickError(f"{what}: PyTorch's own answer is not finite where the reference is")
+        diff, diff_theirs, ref_finite = (out64 - ref)[finite], (theirs64 - ref)[finite], ref[finite]
+    err, err_theirs = diff.abs().max().item(), diff_theirs.abs().max().item()
+    bound = ERROR_FACTOR * err_theirs + _slack(ref_finite, dtype)
+    ref_norm = ref_finite.norm().item()
+    rel = diff.norm().item() / ref_norm if ref_norm > 0 else 0.0
+    rel_theirs = diff_theirs.norm().item() / ref_norm if ref_norm > 0 else 0.0
+    if rel_theirs > YARDSTICK_LIMIT:
+        raise YardstickError(f"{what}: PyTorch's own answer has relative L2 error {rel_theirs:.3e} "
+                             "against the float64 reference: not a usable yardstick")
+    assert err <= bound, (f"{what}: max abs error {err:.3e} > {ERROR_FACTOR:g} x PyTorch's "
+                          f"{err_theirs:.3e} + slack (bound {bound:.3e})")
+    rel_bound = ERROR_FACTOR * rel_theirs + REL_SLACK
+    assert rel <= rel_bound, (f"{what}: relative L2 error {rel:.3e} > {ERROR_FACTOR:g} x "
+                              f"PyTorch's {rel_theirs:.3e} + {REL_SLACK:g}")
+
+
+def untouched(bases, make) -> list[torch.Tensor]:
+    """For each base tensor, a bool mask of the elements no view made by ``make`` reads: their
+    gradient is 0 by construction."""
+    probes = [torch.zeros(b.shape, dtype=torch.float64, device=b.device, requires_grad=True)
+              for b in bases]
+    sum(view.sum() for view in make(probes)).backward()
+    return [p.grad == 0 if p.grad is not None else torch.ones(p.shape, dtype=torch.bool, device=p.device)
+            for p in probes]
