@@ -5,6 +5,9 @@ against the torch that is already installed; a build-isolated install compiles a
 torch pip downloads into the isolated environment, which is how undefined-symbol import errors
 happen.
 
+A full build compiles every kernel for three GPU targets and takes a few minutes on a
+two-core machine; TK_CUDA_ARCHS (one target, e.g. "90a") and TK_OPS (one op family) shorten it.
+
 Environment knobs (all optional):
 
   TK_CUDA_ARCHS      GPU targets, e.g. "80;89;90a" (the default) or "90a". Entries: 80, 8.0,
