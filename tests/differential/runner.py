@@ -125,10 +125,10 @@ def run_property(name: str, profile: Profile, env: Environment, counts: PathCoun
 # ---- fresh processes ---------------------------------------------------------------------------
 
 def run_in_fresh_process(name: str, profile: str, *, timeout: float = 570.0,
-                         max_examples: int | None = None) -> dict:
+                         max_examples: int | None = None, device: str = "cuda") -> dict:
     """Runs property ``name`` in a new Python process (see the module docstring); returns its
     result (dict: ok, counts, seed, profile, error) with "output": the process's output."""
-    args = [sys.executable, "-m", "differential", name, "--profile", profile]
+    args = [sys.executable, "-m", "differential", name, "--profile", profile, "--device", device]
     if max_examples:
         args += ["--max-examples", str(max_examples)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TESTS_DIR, _package_root(),

@@ -11,11 +11,18 @@ repository), no deadline; a failure is shrunk to a minimal example, which hypoth
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Verbosity, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 SEED = int(os.environ.get("TK_FUZZ_SEED", "45"))
+
+# Hypothesis keeps a cache (.hypothesis/) in the working directory even without an example
+# database; keep it out of the repository.
+if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "thunderkittens-hypothesis"))
 
 
 @dataclass(frozen=True)
