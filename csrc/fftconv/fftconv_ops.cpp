@@ -1,0 +1,172 @@
+// CUDA implementation of tk::fftconv_fwd_sm80 and the (device-independent) implementation of
+// tk::fftconv_filter_spectrum: re-check the inputs (cheaply: shapes, dtypes, devices, strides,
+// alignment; never data), allocate the output, describe the call in a plain params struct
+// (params.h) and launch the kernel on the current stream of u's device.
+//
+// The Python layer (thunderkittens.fftconv) makes inputs conform; these checks are for direct
+// callers of torch.ops.tk.* and name the op and the offending argument.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "device_facts.h"
+#include "fftconv/params.h"
+
+namespace tk::fftconv {
+namespace {
+
+constexpr const char* kFwdOp = "tk::fftconv_fwd_sm80: ";
+constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
+
+void check_fft_size(int64_t fft_size, const char* op) {
+    TORCH_CHECK(fft_size > 0 && fft_size <= std::numeric_limits<int>::max() &&
+                    decomposition(static_cast<int>(fft_size)).fft_size != 0,
+                op, "fft_size must be one of the kernel sizes 512, 1024, 2048, 4096, 8192 (twice the kernel "
+                "length 256 .. 4096), got ", fft_size);
+}
+
+// (batch, heads) strides handed to the kernel. A dim of size 1 is never stepped over, so torch
+// allows it any stride; the kernel gets a well-formed value instead, keeping "multiple of 8".
+std::array<int64_t, 2> kernel_strides(const at::Tensor& t) {
+    const int64_t head = t.size(1) == 1 ? t.size(2) : t.stride(1);
+    const int64_t batch = t.size(0) == 1 ? head * t.size(1) : t.stride(0);
+    return {batch, head};
+}
+
+void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u) {
+    TORCH_CHECK(t.defined(), kFwdOp, name, " is undefined");
+    TORCH_CHECK(t.is_cuda(), kFwdOp, name, " must be a CUDA tensor, got device ", t.device());
+    TORCH_CHECK(t.device() == u.device(), kFwdOp, name, " is on ", t.device(), " but u is on ", u.device());
+    TORCH_CHECK(t.scalar_type() == u.scalar_type(), kFwdOp, name, " has dtype ", t.scalar_type(),
+                " but u has dtype ", u.scalar_type());
+    TORCH_CHECK(t.sizes() == u.sizes(), kFwdOp, name, " must have u's shape ", u.sizes(), ", got ", t.sizes());
+    TORCH_CHECK(t.stride(2) == 1, kFwdOp, name, " must have a contiguous last dimension (stride 1), got strides ",
+                t.strides());
+    for (int dim = 0; dim < 2; ++dim)
+        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, kFwdOp, name,
+                    ": the batch and head strides must be multiples of 8 elements (16 bytes), got strides ",
+                    t.strides(), "; pass x.contiguous()");
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, kFwdOp, name,
+                ": data pointer must be 16-byte aligned; pass a fresh copy (x.clone())");
+}
+
+at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
+                                 const std::optional<at::Tensor>& pregate,
+                                 const std::optional<at::Tensor>& postgate, int64_t fft_size) {
+    TORCH_CHECK(u.defined(), kFwdOp, "u is undefined");
+    TORCH_CHECK(u.dim() == 3, kFwdOp, "u must be 3-D (batch, heads, length), got shape ", u.sizes());
+    ElementType dtype{};
+    switch (u.scalar_type()) {
+        case at::kBFloat16: dtype = ElementType::bf16; break;
+        case at::kHalf: dtype = ElementType::fp16; break;
+        default: TORCH_CHECK(false, kFwdOp, "u must be bfloat16 or float16, got ", u.scalar_type());
+    }
+    for (int dim = 0; dim < 3; ++dim) {
+        TORCH_CHECK(u.size(dim) >= 1, kFwdOp, "u must not be empty, got shape ", u.sizes());
+        TORCH_CHECK(u.size(dim) <= std::numeric_limits<int>::max(), kFwdOp, "u dimension ", dim,
+                    " is too large: ", u.size(dim));
+    }
+    check_fft_size(fft_size, kFwdOp);
+    const int64_t length = u.size(2);
+    TORCH_CHECK(length <= fft_size / 2, kFwdOp, "u's length ", length, " must be at most fft_size / 2 = ",
+                fft_size / 2, " (a causal convolution needs an FFT of twice the length)");
+    TORCH_CHECK(length % 8 == 0, kFwdOp, "u's length must be a multiple of 8, got ", length,
+                "; pad u (and the gates) with zeros at the end and slice the result");
+    check_sequence_tensor(u, "u", u);
+    if (pregate.has_value()) check_sequence_tensor(*pregate, "pregate", u);
+    if (postgate.has_value()) check_sequence_tensor(*postgate, "postgate", u);
+
+    TORCH_CHECK(k_spectrum.defined(), kFwdOp, "k_spectrum is undefined");
+    TORCH_CHECK(k_spectrum.device() == u.device(), kFwdOp, "k_spectrum is on ", k_spectrum.device(),
+                " but u is on ", u.device());
+    TORCH_CHECK(k_spectrum.scalar_type() == at::kFloat, kFwdOp,
+                "k_spectrum must be float32 (from tk::fftconv_filter_spectrum), got ", k_spectrum.scalar_type());
+    TORCH_CHECK(k_spectrum.dim() == 3 && k_spectrum.size(0) == u.size(1) && k_spectrum.size(1) == fft_size &&
+                    k_spectrum.size(2) == 2,
+                kFwdOp, "k_spectrum must have shape (heads, fft_size, 2) = (", u.size(1), ", ", fft_size,
+                ", 2) (from tk::fftconv_filter_spectrum(k, fft_size)), got ", k_spectrum.sizes());
+    TORCH_CHECK(k_spectrum.is_contiguous(), kFwdOp, "k_spectrum must be contiguous");
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(k_spectrum.const_data_ptr()) % 16 == 0, kFwdOp,
+                "k_spectrum's data pointer must be 16-byte aligned; pass a fresh copy (x.clone())");
+
+    const c10::cuda::CUDAGuard device_guard(u.device());
+    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(props->major >= 8, kFwdOp, "this kernel needs an sm_80 or newer GPU, ", u.device(), " is sm_",
+                props->major, props->minor, "; thunderkittens.fftconv uses torch.fft there");
+
+    at::Tensor y = at::empty(u.sizes(), u.options());
+    ForwardParams p{};
+    p.u = u.const_data_ptr();
+    const auto us = kernel_strides(u);
+    p.u_stride_b = us[0], p.u_stride_h = us[1];
+    if (pregate.has_value()) {
+        p.pregate = pregate->const_data_ptr();
+        const auto s = kernel_strides(*pregate);
+        p.pre_stride_b = s[0], p.pre_stride_h = s[1];
+    }
+    if (postgate.has_value()) {
+        p.postgate = postgate->const_data_ptr();
+        const auto s = kernel_strides(*postgate);
+        p.post_stride_b = s[0], p.post_stride_h = s[1];
+    }
+    p.spectrum = k_spectrum.const_data_ptr<float>();
+    p.y = y.mutable_data_ptr();
+    const auto ys = kernel_strides(y);
+    p.y_stride_b = ys[0], p.y_stride_h = ys[1];
+    p.batch = static_cast<int>(u.size(0));
+    p.heads = static_cast<int>(u.size(1));
+    p.seqlen = static_cast<int>(length);
+    p.fft_size = static_cast<int>(fft_size);
+    p.dtype = dtype;
+    p.multiprocessors = multiprocessor_count();
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(u.device().index()).stream();
+    const cudaError_t status = fftconv_fwd_sm80(p, stream);
+    TORCH_CHECK(status == cudaSuccess, kFwdOp, "kernel launch failed: ", cudaGetErrorString(status));
+    return y;
+}
+
+// fft(k, fft_size) per head in fp32, in the layout params.h describes for fft_size's kernel.
+// Plain ATen (any device, traceable, differentiable): a per-call precompute, or cached by a
+// module whose filter does not change.
+at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
+    TORCH_CHECK(k.defined(), kSpectrumOp, "k is undefined");
+    TORCH_CHECK(k.dim() == 2, kSpectrumOp, "k must be 2-D (heads, filter length), got shape ", k.sizes());
+    TORCH_CHECK(at::isFloatingType(k.scalar_type()), kSpectrumOp, "k must be a floating-point tensor, got ",
+                k.scalar_type());
+    check_fft_size(fft_size, kSpectrumOp);
+    TORCH_CHECK(k.size(1) >= 1 && k.size(1) <= fft_size / 2, kSpectrumOp, "k's length must be 1 .. fft_size / 2 = ",
+                fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
+    const Decomposition d = decomposition(static_cast<int>(fft_size));
+    const int64_t heads = k.size(0);
+    const at::Tensor spectrum = at::fft_fft(k.to(at::kFloat), fft_size, /*dim=*/-1);  // (heads, L) complex
+    at::Tensor ordered;
+    if (d.p == 1) {
+        // [k_r][k_q] = K[k_r + R k_q]
+        ordered = spectrum.view({heads, d.q, d.r}).transpose(1, 2);
+    } else {
+        // [k_r][k_p][k_q] = K[k_r + R k_p + R P k_q], then each 16 x 16 tile in fragment order:
+        // (row, col) = (8 rh + rl, 8 ch + 2 cm + e) goes to ((ch, rh, rl, cm), e).
+        ordered = spectrum.view({heads, d.q, d.p, d.r})
+                      .permute({0, 3, 2, 1})
+                      .reshape({heads, d.r, 2, 8, 2, 4, 2})
+                      .permute({0, 1, 4, 2, 3, 5, 6});
+    }
+    return at::view_as_real(ordered.contiguous()).reshape({heads, fft_size, 2});
+}
+
+}  // namespace
+}  // namespace tk::fftconv
+
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("fftconv_fwd_sm80", &tk::fftconv::fftconv_fwd_sm80_cuda);
+}
+
+TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {
+    m.impl("fftconv_filter_spectrum", &tk::fftconv::fftconv_filter_spectrum);
+}

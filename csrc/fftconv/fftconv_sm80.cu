@@ -1,0 +1,623 @@
+// Causal FFT convolution forward on mma.sync + cp.async (sm_80 and newer: A100, RTX 3090/4090,
+// and Hopper when forced), written in the tile core's warp ops.
+//
+// y = irfft(rfft(u * pregate, L) * K, L)[:n] * postgate with L = 2N for kernel length N. The FFT
+// of length L = R * P * Q is the Monarch (four-step) factorisation: with n = q + Q p + Q P r and
+// k = k_r + R k_p + R P k_q,
+//   F1  Y[k_r, p, q] = sum_r F_R[k_r, r] x[r, p, q]        (r < R/2: u is zero past N)
+//   T1  Y *= w_L^(k_r (q + Q p))
+//   F2  Z[k_r, k_p, q] = sum_p F_P[k_p, p] Y[k_r, p, q]    (three factors only)
+//   T2  Z *= w_PQ^(k_p q)
+//   F3  W[k_r, k_p, k_q] = sum_q Z[k_r, k_p, q] F_Q[q, k_q] = fft(x)[k]
+// then W *= K (the filter's spectrum, precomputed in this order) and the inverse runs the same
+// steps backwards with conjugate matrices and twiddles, computing only the rows r < R/2 of the
+// last product (the output's first half). Every DFT matrix carries 1/sqrt(size), so the
+// inverse's 1/L is spread over the stages and every intermediate stays near the input's or
+// the output's magnitude (fp16 has little range).
+//
+// Two real sequences of one head (batches 2i and 2i + 1) travel as one complex sequence
+// z = u_2i + i u_2i+1: the filter is real, so the inverse gives y_2i + i y_2i+1.
+//
+// Products are 16-bit (the input's type) with fp32 accumulation; twiddles, the spectrum and the
+// gates multiply in fp32, and each intermediate is rounded to 16 bits once, where it becomes an
+// mma operand. csrc/fftconv/model.py is a Python model of exactly these steps and roundings.
+//
+// Two kernels:
+//  - two factors (L <= 2048, P = 1): a block of R/16 warps (one for L = 512) owns a head; each
+//    warp owns 16-row strips of k_r and runs F1 .. G3 of its strips in registers (F1's output
+//    rows are F3's A operand as they are), then the strips meet in shared memory for the last
+//    product, which sums over k_r;
+//  - three factors (L = 4096, 8192; P = Q = 16): a block of 16 warps; F1 and the last product
+//    split the columns (warp = p), the steps in between split k_r (each k_r is a 16 x 16 FFT of
+//    its own), with the data in shared memory between the phases.
+// Blocks are persistent over the pairs of batches of their head (the grid splits a head's pairs
+// over several blocks when there are few heads), with the next pair's input in flight
+// (cp.async) while the current one computes; the filter's spectrum and every DFT matrix and
+// twiddle stay on chip for the block's lifetime.
+#include "fftconv/complex_tiles.cuh"
+#include "fftconv/params.h"
+
+namespace tk::fftconv {
+namespace {
+
+template <typename T>
+struct Args {
+    const T* u;
+    int64_t u_stride_b, u_stride_h;
+    const T* pregate;
+    int64_t pre_stride_b, pre_stride_h;
+    const T* postgate;
+    int64_t post_stride_b, post_stride_h;
+    T* y;
+    int64_t y_stride_b, y_stride_h;
+    const float* spectrum;
+    int batch, heads, seqlen, pairs;
+    int blocks_per_head, pairs_per_block;
+
+    // Sequence (b, h) of a tensor, nullptr past the last batch (the odd one out of a pair).
+    template <typename P>
+    __device__ P* at(P* base, int64_t stride_b, int64_t stride_h, int b, int h) const {
+        return b < batch ? base + b * stride_b + h * stride_h : nullptr;
+    }
+};
+
+// The block's share: head h, pairs [first, last).
+struct Task {
+    int head, first, last;
+};
+template <typename T>
+__device__ __forceinline__ Task task_of(const Args<T>& a) {
+    const int head = blockIdx.x / a.blocks_per_head, chunk = blockIdx.x % a.blocks_per_head;
+    const int first = chunk * a.pairs_per_block;
+    return {head, first, min(first + a.pairs_per_block, a.pairs)};
+}
+
+// acc *= postgate at the tile's elements: element (row, col) of `acc` is sequence element
+// element_of(row, col) of batches b0 (re) and b1 (im); elements at or past seqlen are left.
+template <typename T, typename RT, typename Element>
+__device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* gate0, const T* gate1, int seqlen,
+                                               Element&& element_of) {
+    using P = typename kt::packed_of<T>::type;
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, 0), j * kt::TILE_DIM + RT::col_in_base(k, 0));
+        if (n >= seqlen) return;
+        const float2 g0 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate0 + n)));
+        re.x *= g0.x;
+        re.y *= g0.y;
+        if (gate1 != nullptr) {
+            float2& im = acc.im.tiles[i][j].data[k];
+            const float2 g1 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate1 + n)));
+            im.x *= g1.x;
+            im.y *= g1.y;
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two factors: L = R x Q, x[r, q] = x[q + Q r].
+// ---------------------------------------------------------------------------------------------
+
+template <typename T, int R_, int Q_, int WARPS_>
+struct TwoFactor {
+    static constexpr int R = R_, Q = Q_, WARPS = WARPS_, THREADS = WARPS * kt::WARP_THREADS;
+    static constexpr int L = R * Q, N = L / 2, HALF = R / 2;
+    static constexpr int STRIPS = R / kt::TILE_DIM / WARPS;  // 16-row strips of k_r per warp
+    static constexpr int OUT_TILES = (HALF / kt::TILE_DIM) * (Q / kt::TILE_DIM);  // 16x16 tiles of y
+    static constexpr int OUT_PER_WARP = OUT_TILES / WARPS;
+    static_assert(STRIPS >= 1 && R % (kt::TILE_DIM * WARPS) == 0 && OUT_TILES % WARPS == 0);
+    // Pairs in flight: the current one and three ahead. A pair is 2N elements per sequence and
+    // these kernels are memory-bound: fewer ahead leave too few bytes in flight per SM to cover
+    // the memory latency.
+    static constexpr int STAGES = 4;
+    using seq_tile = kt::st<T, HALF, Q>;  // one sequence's N elements, rows of Q
+    struct Stage {
+        seq_tile x[2];    // batch 2i (real part), 2i + 1 (imaginary part); y staged here after use
+        seq_tile pre[2];  // their pregates
+    };
+    struct Shared {
+        Stage stage[STAGES];
+        kt::st<T, R, Q> u[2];      // the inverse's last input (re, im), rows k_r
+        kt::st<T, R, HALF> fr[2];  // F_R[:, :R/2] / sqrt(R) (re, im); F_R is symmetric
+        kt::st<T, Q, Q> fq[2];     // F_Q / sqrt(Q)
+    };
+    static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+};
+
+template <typename T, int R, int Q, int WARPS>
+__global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
+    two_factor_kernel(const __grid_constant__ Args<T> a) {
+    using C = TwoFactor<T, R, Q, WARPS>;
+    constexpr int L = C::L, N = C::N, HALF = C::HALF, THREADS = C::THREADS, STAGES = C::STAGES;
+    constexpr int STRIPS = C::STRIPS, OUT_PER_WARP = C::OUT_PER_WARP;
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    auto& s = alloc.allocate<typename C::Shared>();
+    const int warp = kt::warp_id(), thread = threadIdx.x;
+    const Task task = task_of(a);
+    const int h = task.head;
+
+    // Pair p's inputs into stage `stage`.
+    auto issue_loads = [&](int p, int stage) {
+        auto& st = s.stage[stage];
+        for (int j = 0; j < 2; j++) {
+            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * p + j, h), a.seqlen,
+                                            a.u, thread);
+            if (a.pregate != nullptr)
+                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * p + j, h),
+                                                a.seqlen, a.u, thread);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (task.first + i < task.last) issue_loads(task.first + i, i);
+        kt::cp_async_commit();
+    }
+
+    // DFT matrices, once per block.
+    const float r_scale = rsqrtf(float(R)), q_scale = rsqrtf(float(Q));
+    for (int e = thread; e < R * HALF; e += THREADS) {
+        const int row = e / HALF, col = e % HALF;
+        const float2 w = unit_root(row * col, R);
+        *s.fr[0].ptr(row, col) = kt::convert<T>(w.x * r_scale);
+        *s.fr[1].ptr(row, col) = kt::convert<T>(w.y * r_scale);
+    }
+    for (int e = thread; e < Q * Q; e += THREADS) {
+        const int row = e / Q, col = e % Q;
+        const float2 w = unit_root(row * col, Q);
+        *s.fq[0].ptr(row, col) = kt::convert<T>(w.x * q_scale);
+        *s.fq[1].ptr(row, col) = kt::convert<T>(w.y * q_scale);
+    }
+    __syncthreads();
+
+    // This warp's constants, in registers for the block's lifetime: its strips of F_R (F1's A
+    // operand), F_Q (B operand of F3 and, conjugated, G3), the twiddles w_L^(k_r q) and the
+    // filter's spectrum at its strips, and the columns of F_R that the last product's A operand
+    // (transposed) needs for its output tiles.
+    complex_tile<kt::rt<T, kt::TILE_DIM, HALF>> f1[STRIPS];
+    complex_tile<kt::rt_fl<kt::TILE_DIM, Q>> twiddle[STRIPS], spectrum[STRIPS];
+    complex_tile<kt::rt<T, Q, Q, kt::col_l>> fq;
+    complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> g1[OUT_PER_WARP];
+    kt::load(fq.re, s.fq[0]);
+    kt::load(fq.im, s.fq[1]);
+    const float* spectrum_h = a.spectrum + int64_t(h) * L * 2;
+#pragma unroll
+    for (int st = 0; st < STRIPS; st++) {
+        const int strip = warp * STRIPS + st;
+        kt::load(f1[st].re, kt::subtile<kt::TILE_DIM, HALF>(s.fr[0], strip, 0));
+        kt::load(f1[st].im, kt::subtile<kt::TILE_DIM, HALF>(s.fr[1], strip, 0));
+        kt::for_each_pair(twiddle[st].re, [&](int i, int j, int k, float2& re) {
+            const int row = strip * kt::TILE_DIM + i * kt::TILE_DIM + kt::rt_fl<16, Q>::row_in_base(k, 0);
+            const int col = j * kt::TILE_DIM + kt::rt_fl<16, Q>::col_in_base(k, 0);
+            const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
+            re = make_float2(w0.x, w1.x);
+            twiddle[st].im.tiles[i][j].data[k] = make_float2(w0.y, w1.y);
+            const float4 kv = __ldg(reinterpret_cast<const float4*>(spectrum_h + (int64_t(row) * Q + col) * 2));
+            spectrum[st].re.tiles[i][j].data[k] = make_float2(kv.x, kv.z);
+            spectrum[st].im.tiles[i][j].data[k] = make_float2(kv.y, kv.w);
+        });
+    }
+#pragma unroll
+    for (int t = 0; t < OUT_PER_WARP; t++) {
+        const int out_row = (warp * OUT_PER_WARP + t) / (Q / kt::TILE_DIM);  // its 16 rows r of y
+        kt::load(g1[t].re, kt::subtile<R, kt::TILE_DIM>(s.fr[0], 0, out_row));
+        kt::load(g1[t].im, kt::subtile<R, kt::TILE_DIM>(s.fr[1], 0, out_row));
+    }
+
+    for (int i = 0, p = task.first; p < task.last; i++, p++) {
+        auto& st = s.stage[i % STAGES];
+        kt::cp_async_wait<STAGES - 2>();
+        if (a.pregate != nullptr) {
+            apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
+            apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
+        }
+        __syncthreads();  // pair p's input visible; every warp is done with pair p - 1
+        if (p + STAGES - 1 < task.last) issue_loads(p + STAGES - 1, (i + STAGES - 1) % STAGES);
+        kt::cp_async_commit();
+
+        complex_tile<kt::rt<T, HALF, Q, kt::col_l>> x;  // F1's B operand (K = r)
+        kt::rt<T, HALF, Q, kt::col_l> x_im_neg;
+        kt::load(x.re, st.x[0]);
+        kt::load(x.im, st.x[1]);
+        negate(x_im_neg, x.im);
+#pragma unroll
+        for (int sti = 0; sti < STRIPS; sti++) {
+            const int strip = warp * STRIPS + sti;
+            complex_tile<kt::rt_fl<kt::TILE_DIM, Q>> acc;
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma(acc, f1[sti], x, x_im_neg);  // F1
+            cmul(acc, twiddle[sti]);          // T1
+            complex_tile<kt::rt<T, kt::TILE_DIM, Q>> y;
+            kt::rt<T, kt::TILE_DIM, Q> y_neg;
+            kt::copy(y.re, acc.re);
+            kt::copy(y.im, acc.im);
+            negate(y_neg, y.im);
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_neg_a(acc, y, y_neg, fq);    // F3: the spectrum, rows k_r, cols k_q
+            cmul(acc, spectrum[sti]);         // times the filter's
+            kt::copy(y.re, acc.re);
+            kt::copy(y.im, acc.im);
+            negate(y_neg, y.re);
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_conj_b(acc, y, y_neg, fq);   // G3
+            cmul<true>(acc, twiddle[sti]);    // T1*
+            kt::store(kt::subtile<kt::TILE_DIM, Q>(s.u[0], strip, 0), acc.re);
+            kt::store(kt::subtile<kt::TILE_DIM, Q>(s.u[1], strip, 0), acc.im);
+        }
+        __syncthreads();  // every strip of u written
+
+        // G1: y[r, q] = sum_k_r conj(F_R[r, k_r]) u[k_r, q], this warp's 16x16 tiles of it.
+        const T* post0 = nullptr;
+        const T* post1 = nullptr;
+        if (a.postgate != nullptr) {
+            post0 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p, h);
+            post1 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p + 1, h);
+        }
+#pragma unroll
+        for (int t = 0; t < OUT_PER_WARP; t++) {
+            const int tile = warp * OUT_PER_WARP + t;
+            const int tile_row = tile / (Q / kt::TILE_DIM), tile_col = tile % (Q / kt::TILE_DIM);
+            complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> uu;
+            kt::rt<T, R, kt::TILE_DIM, kt::col_l> uu_neg;
+            kt::load(uu.re, kt::subtile<R, kt::TILE_DIM>(s.u[0], 0, tile_col));
+            kt::load(uu.im, kt::subtile<R, kt::TILE_DIM>(s.u[1], 0, tile_col));
+            negate(uu_neg, uu.re);
+            complex_tile<kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>> acc;
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_conj_a(acc, g1[t], uu, uu_neg);
+            if (post0 != nullptr)
+                apply_postgate(acc, post0, post1, a.seqlen, [&](int row, int col) {
+                    return (tile_row * kt::TILE_DIM + row) * Q + tile_col * kt::TILE_DIM + col;
+                });
+            // Through this stage's input tiles (free since F1) for 16-byte stores.
+            kt::store(kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(st.x[0], tile_row, tile_col), acc.re);
+            kt::store(kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(st.x[1], tile_row, tile_col), acc.im);
+            __syncwarp();
+            for (int j = 0; j < 2; j++) {
+                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * p + j, h);
+                if (out != nullptr)
+                    warp_store_sequence<kt::TILE_DIM, kt::TILE_DIM>(out, a.seqlen, st.x[j], tile_row * kt::TILE_DIM,
+                                                                   tile_col * kt::TILE_DIM);
+            }
+        }
+    }
+    kt::cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Three factors: L = R x 16 x 16, x[r, p, q] = x[q + 16 p + 256 r].
+// ---------------------------------------------------------------------------------------------
+
+// The spectrum-side data of one pair between the phases: R tiles of 16 x 16 16-bit values,
+// tile k_r holding [p or k_p][q or k_q]. Swizzled so that each access pattern of the kernel
+// hits 8 distinct 16-byte bank groups per 8 rows: 8 consecutive k_r at one (p, 8 columns)
+// (F1's stores, G1's ldmatrix) and 8 consecutive p at one (k_r, 8 columns) (the per-k_r steps).
+template <typename T, int R>
+struct alignas(1024) frequency_tiles {
+    static_assert(sizeof(T) == 2);
+    T data[R * 256];
+    __host__ __device__ static constexpr uint32_t offset(int kr, int p, int q) {
+        return uint32_t(kr) * 512 + uint32_t(p ^ (kr & 3)) * 32 +
+               (uint32_t((q >> 3) ^ ((p >> 2) & 1) ^ ((kr >> 2) & 1)) << 4) + uint32_t(q & 7) * 2;
+    }
+    __device__ uint32_t address(int kr, int p, int q) const { return kt::shared_address(data) + offset(kr, p, q); }
+};
+
+template <typename T, int R_>
+struct ThreeFactor {
+    static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
+    static constexpr int WARPS = 16, THREADS = WARPS * kt::WARP_THREADS;  // warp w owns p = w
+    static_assert(P == WARPS && R % WARPS == 0);
+    static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;  // F1's K, padded to 16
+    static constexpr int KR_PER_WARP = R / WARPS;
+    // The next pair's input lands during the three phases of the current one.
+    static constexpr int STAGES = 2;
+    using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
+    struct Stage {
+        seq_tile x[2];    // batch 2i (re), 2i + 1 (im); y staged here after F1
+        seq_tile pre[2];
+    };
+    struct Shared {
+        Stage stage[STAGES];
+        frequency_tiles<T, R> buf[2];          // re, im
+        float4 spectrum[R * PQ / 2];           // the filter's (two complex per float4), fragment order
+        float4 twiddle_frag[R * Q / 2];        // w_L^(k_r q) in the fragment order of R x 16 tiles
+        float4 twiddle_rows[R * Q / 2];        // the same, row-major [k_r][q]
+    };
+    static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+};
+
+template <typename T, int R>
+__global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
+    three_factor_kernel(const __grid_constant__ Args<T> a) {
+    using C = ThreeFactor<T, R>;
+    constexpr int L = C::L, N = C::N, HALF = C::HALF, XR = C::XR, PQ = C::PQ, Q = C::Q;
+    constexpr int THREADS = C::THREADS, WARPS = C::WARPS;
+    using sub16 = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM>;
+    using sub16_b = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>;
+    using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    auto& s = alloc.allocate<typename C::Shared>();
+    const int warp = kt::warp_id(), lane = kt::lane_id(), thread = threadIdx.x;
+    const Task task = task_of(a);
+    const int h = task.head;
+
+    auto issue_loads = [&](int p, int stage) {
+        auto& st = s.stage[stage];
+        for (int j = 0; j < 2; j++) {
+            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * p + j, h), a.seqlen,
+                                            a.u, thread);
+            if (a.pregate != nullptr)
+                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * p + j, h),
+                                                a.seqlen, a.u, thread);
+        }
+    };
+    // The filter's spectrum (for the block's lifetime) in the first pair's group.
+    const float4* spectrum_h = reinterpret_cast<const float4*>(a.spectrum + int64_t(h) * L * 2);
+    for (int c = thread; c < R * PQ / 2; c += THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kt::shared_address(&s.spectrum[c])),
+                     "l"(spectrum_h + c)
+                     : "memory");
+    issue_loads(task.first, 0);
+    kt::cp_async_commit();
+
+    // R = 16: rows R/2 .. 15 of the input tiles are F1's zero padding (K = 8 padded to 16);
+    // no load touches them, and the output staging writes zeros there.
+    if constexpr (XR > HALF) {
+        constexpr int chunks = (XR - HALF) * PQ * int(sizeof(T)) / 16;
+        for (int c = thread; c < chunks * 2 * C::STAGES; c += THREADS) {
+            auto& tile = s.stage[c / (2 * chunks)].x[(c / chunks) % 2];
+            const int e = (c % chunks) * 8;
+            *reinterpret_cast<uint4*>(tile.ptr(HALF + e / PQ, e % PQ)) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    // Twiddles w_L^(k_r q): in the fragment order of F1's accumulator (R x 16, row layout:
+    // float4 (i * 4 + k) * 32 + lane holds its register k of base tile i) and row-major.
+    for (int e = thread; e < R * Q / 2; e += THREADS) {
+        const int l = e % 32, k = (e / 32) % 4, i = e / 128;
+        const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
+        const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
+        s.twiddle_frag[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
+        const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
+        const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
+        s.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+    }
+
+    // This warp's constant for F1, its A operand for its p: F_R[k_r, r] w_L^(16 k_r p) / sqrt(R)
+    // (the p part of T1 folded in), zero for the padding r >= R/2. G1 (conjugated in the
+    // product) needs the same entries, as the transpose of its A operand: a col-layout copy
+    // made per pair (movmatrix), not kept (the registers are short).
+    const int pw = warp;
+    const float r_scale = rsqrtf(float(R));
+    complex_tile<kt::rt<T, R, XR>> a1;
+    fill_complex(a1, [&](int row, int col) {
+        const float2 w = unit_root(row * (PQ * col + Q * pw), L);
+        return col < HALF ? make_float2(w.x * r_scale, w.y * r_scale) : make_float2(0.f, 0.f);
+    });
+    // F_16 / 4 as an A operand (F2, G2) and, being symmetric, the same registers renamed as a
+    // B operand (F3, G3).
+    complex_tile<sub16> f16;
+    fill_complex(f16, [&](int row, int col) {
+        const float2 w = unit_root(row * col, 16);
+        return make_float2(w.x * 0.25f, w.y * 0.25f);
+    });
+    complex_tile<sub16_b> f16b;
+    kt::transpose_sep(f16b.re, f16.re);
+    kt::transpose_sep(f16b.im, f16.im);
+    complex_tile<acc16> tw2;  // w_256^(k_p q)
+    kt::for_each_pair(tw2.re, [&](int, int, int k, float2& re) {
+        const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
+        const float2 w0 = unit_root(row * col, PQ), w1 = unit_root(row * (col + 1), PQ);
+        re = make_float2(w0.x, w1.x);
+        tw2.im.tiles[0][0].data[k] = make_float2(w0.y, w1.y);
+    });
+
+    for (int i = 0, p = task.first; p < task.last; i++, p++) {
+        auto& st = s.stage[i % C::STAGES];
+        kt::cp_async_wait<0>();
+        if (a.pregate != nullptr) {
+            apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
+            apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
+        }
+        __syncthreads();  // pair p's input visible; every warp is done with pair p - 1
+        if (p + 1 < task.last) issue_loads(p + 1, (i + 1) % C::STAGES);
+        kt::cp_async_commit();
+
+        // Phase 1 (warp = p): F1 and T1 for columns (p, *) of every k_r.
+        {
+            complex_tile<kt::rt<T, XR, kt::TILE_DIM, kt::col_l>> x;
+            kt::rt<T, XR, kt::TILE_DIM, kt::col_l> x_neg;
+            kt::load(x.re, kt::subtile<XR, kt::TILE_DIM>(st.x[0], 0, pw));
+            kt::load(x.im, kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, pw));
+            negate(x_neg, x.im);
+            complex_tile<kt::rt_fl<R, kt::TILE_DIM>> acc;
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma(acc, a1, x, x_neg);
+            kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
+                float2& im = acc.im.tiles[ti][0].data[k];
+                const float4 w = s.twiddle_frag[(ti * 4 + k) * 32 + lane];
+                const float2 r0 = re, i0 = im;
+                re = make_float2(fmaf(r0.x, w.x, -i0.x * w.y), fmaf(r0.y, w.z, -i0.y * w.w));
+                im = make_float2(fmaf(r0.x, w.y, i0.x * w.x), fmaf(r0.y, w.w, i0.y * w.z));
+            });
+            store_to<T>(acc.re, [&](int row, int col) { return s.buf[0].address(row, pw, col); });
+            store_to<T>(acc.im, [&](int row, int col) { return s.buf[1].address(row, pw, col); });
+        }
+        __syncthreads();
+
+        // Phase 2 (warp owns k_r = warp + 16 j): the 16 x 16 FFTs, the filter, and back.
+#pragma unroll
+        for (int j = 0; j < C::KR_PER_WARP; j++) {
+            const int kr = warp + WARPS * j;
+            auto at_kr = [&](int b) { return [&, b](int row, int col) { return s.buf[b].address(kr, row, col); }; };
+            complex_tile<sub16_b> yb;
+            sub16_b yb_neg;
+            load_from(yb.re, at_kr(0));
+            load_from(yb.im, at_kr(1));
+            negate(yb_neg, yb.im);
+            complex_tile<acc16> acc;
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma(acc, f16, yb, yb_neg);  // F2: rows k_p, cols q
+            cmul(acc, tw2);              // T2
+            complex_tile<sub16> z;
+            sub16 z_neg;
+            kt::copy(z.re, acc.re);
+            kt::copy(z.im, acc.im);
+            negate(z_neg, z.im);
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_neg_a(acc, z, z_neg, f16b);  // F3: rows k_p, cols k_q
+            kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // times the filter's spectrum
+                float2& im = acc.im.tiles[0][0].data[k];
+                const float4 kv = s.spectrum[kr * 128 + k * 32 + lane];
+                const float2 r0 = re, i0 = im;
+                re = make_float2(fmaf(r0.x, kv.x, -i0.x * kv.y), fmaf(r0.y, kv.z, -i0.y * kv.w));
+                im = make_float2(fmaf(r0.x, kv.y, i0.x * kv.x), fmaf(r0.y, kv.w, i0.y * kv.z));
+            });
+            kt::copy(z.re, acc.re);
+            kt::copy(z.im, acc.im);
+            negate(z_neg, z.re);
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_conj_b(acc, z, z_neg, f16b);  // G3: rows k_p, cols q
+            cmul<true>(acc, tw2);              // T2*
+            kt::copy(z.re, acc.re);
+            kt::copy(z.im, acc.im);
+            complex_tile<sub16_b> vb;          // G2 sums over k_p: the rows, so a B operand
+            sub16_b vb_neg;
+            kt::swap_layout(vb.re, z.re);
+            kt::swap_layout(vb.im, z.im);
+            negate(vb_neg, vb.re);
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_conj_a(acc, f16, vb, vb_neg);  // G2: rows p, cols q
+            kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1* (its k_r q part)
+                float2& im = acc.im.tiles[0][0].data[k];
+                const int col = acc16::col_in_base(k, 0);
+                const float4 w = s.twiddle_rows[kr * (Q / 2) + col / 2];
+                const float2 r0 = re, i0 = im;
+                re = make_float2(fmaf(r0.x, w.x, i0.x * w.y), fmaf(r0.y, w.z, i0.y * w.w));
+                im = make_float2(fmaf(i0.x, w.x, -r0.x * w.y), fmaf(i0.y, w.z, -r0.y * w.w));
+            });
+            store_to<T>(acc.re, at_kr(0));
+            store_to<T>(acc.im, at_kr(1));
+        }
+        __syncthreads();
+
+        // Phase 3 (warp = p): G1, y[r, p, q] = sum_k_r conj(F_R[r, k_r] w_L^(16 k_r p)) u[k_r, p, q]
+        // / sqrt(R) for r < R/2 (with the k_r q part of T1* applied in phase 2).
+        {
+            complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> ub;
+            kt::rt<T, R, kt::TILE_DIM, kt::col_l> ub_neg;
+            load_from(ub.re, [&](int row, int col) { return s.buf[0].address(row, pw, col); });
+            load_from(ub.im, [&](int row, int col) { return s.buf[1].address(row, pw, col); });
+            negate(ub_neg, ub.re);
+            complex_tile<kt::rt<T, R, XR, kt::col_l>> g1;  // K = k_r, M = r: rows r >= R/2 of y are 0
+            kt::swap_layout(g1.re, a1.re);
+            kt::swap_layout(g1.im, a1.im);
+            complex_tile<kt::rt_fl<XR, kt::TILE_DIM>> acc;
+            kt::zero(acc.re);
+            kt::zero(acc.im);
+            cmma_conj_a(acc, g1, ub, ub_neg);
+            if (a.postgate != nullptr)
+                apply_postgate(acc, a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p, h),
+                               a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p + 1, h), a.seqlen,
+                               [&](int row, int col) { return row * PQ + Q * pw + col; });
+            // Staged in this stage's input tiles (free since F1) for 16-byte stores; rows >= R/2
+            // are exact zeros (g1's rows there are), which R = 16 needs in its padding rows.
+            kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[0], 0, pw), acc.re);
+            kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, pw), acc.im);
+            __syncwarp();
+            for (int j = 0; j < 2; j++) {
+                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * p + j, h);
+                if (out != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out, a.seqlen, st.x[j], 0, Q * pw);
+            }
+        }
+    }
+    kt::cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+Args<T> make_args(const ForwardParams& p) {
+    Args<T> a{};
+    a.u = static_cast<const T*>(p.u);
+    a.u_stride_b = p.u_stride_b, a.u_stride_h = p.u_stride_h;
+    a.pregate = static_cast<const T*>(p.pregate);
+    a.pre_stride_b = p.pre_stride_b, a.pre_stride_h = p.pre_stride_h;
+    a.postgate = static_cast<const T*>(p.postgate);
+    a.post_stride_b = p.post_stride_b, a.post_stride_h = p.post_stride_h;
+    a.y = static_cast<T*>(p.y);
+    a.y_stride_b = p.y_stride_b, a.y_stride_h = p.y_stride_h;
+    a.spectrum = p.spectrum;
+    a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
+    a.pairs = (p.batch + 1) / 2;
+    return a;
+}
+
+template <typename T, typename Kernel>
+cudaError_t launch(Kernel kernel, int threads, int smem, const ForwardParams& p, cudaStream_t stream) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    int blocks_per_sm = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
+    Args<T> a = make_args<T>(p);
+    // A block sets up its constants and the head's spectrum once and then runs pairs: give each
+    // as many pairs as leaves about four waves of blocks (fewer leave idle SMs at the end, more
+    // repeat the setup), split evenly over the head's blocks.
+    const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (p.multiprocessors > 0 ? p.multiprocessors : 1);
+    const int64_t tasks = int64_t(p.heads) * a.pairs;
+    const int64_t target = tasks / (4 * resident);
+    const int per_block = int(target < 1 ? 1 : target > a.pairs ? a.pairs : target);
+    a.blocks_per_head = (a.pairs + per_block - 1) / per_block;
+    a.pairs_per_block = (a.pairs + a.blocks_per_head - 1) / a.blocks_per_head;
+    const int64_t blocks = int64_t(p.heads) * a.blocks_per_head;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), threads, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int R, int Q, int WARPS>
+cudaError_t launch_two_factor(const ForwardParams& p, cudaStream_t stream) {
+    using C = TwoFactor<T, R, Q, WARPS>;
+    static_assert(decomposition(C::L).r == R && decomposition(C::L).p == 1 && decomposition(C::L).q == Q);
+    return launch<T>(two_factor_kernel<T, R, Q, WARPS>, C::THREADS, C::shared_bytes, p, stream);
+}
+
+template <typename T, int R>
+cudaError_t launch_three_factor(const ForwardParams& p, cudaStream_t stream) {
+    using C = ThreeFactor<T, R>;
+    static_assert(decomposition(C::L).r == R && decomposition(C::L).p == C::P && decomposition(C::L).q == C::Q);
+    return launch<T>(three_factor_kernel<T, R>, C::THREADS, C::shared_bytes, p, stream);
+}
+
+template <typename T>
+cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
+    switch (p.fft_size) {
+        case 512: return launch_two_factor<T, 32, 16, 1>(p, stream);
+        case 1024: return launch_two_factor<T, 32, 32, 2>(p, stream);
+        case 2048: return launch_two_factor<T, 64, 32, 4>(p, stream);
+        case 4096: return launch_three_factor<T, 16>(p, stream);
+        case 8192: return launch_three_factor<T, 32>(p, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace
+
+cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream) {
+    if (params.batch < 1 || params.heads < 1 || params.seqlen < 1 || params.seqlen % 8 != 0 ||
+        params.seqlen > params.fft_size / 2)
+        return cudaErrorInvalidValue;
+    return params.dtype == ElementType::bf16 ? run<kt::bf16>(params, stream) : run<kt::half>(params, stream);
+}
+
+}  // namespace tk::fftconv

@@ -1,0 +1,154 @@
+"""A Python model of the fftconv kernels (fftconv_sm80.cu): the same factorisation, matrices,
+twiddles and 16-bit rounding points, in float64 elsewhere (the kernels accumulate in fp32, whose
+error is far below the 16-bit roundings). It checks the index math against torch.fft (exact
+arithmetic: agreement to ~1e-15; the three-factor model keeps the kernel's fp32 twiddles,
+~2e-8) and measures the error of the 16-bit scheme. Run it to print the error table:
+
+    python csrc/fftconv/model.py
+
+Layouts: n = q + Q p + Q P r (input), k = k_r + R k_p + R P k_q (spectrum), P = 1 for two
+factors; see params.h.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+# Kernel length N -> the factorisation of the FFT of length 2N (params.h, decomposition()).
+CONFIGS = {256: (32, 1, 16), 512: (32, 1, 32), 1024: (64, 1, 32), 2048: (16, 16, 16), 4096: (32, 16, 16)}
+
+
+def rnd(x, dtype):
+    """x (real or complex, float64) rounded to dtype elementwise (real and imaginary parts
+    separately), back in float64; dtype None: unchanged."""
+    if dtype is None:
+        return x
+    if np.iscomplexobj(x):
+        return rnd(x.real, dtype) + 1j * rnd(x.imag, dtype)
+    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype).double().numpy()
+
+
+def dft(n):
+    a = np.arange(n)
+    return np.exp(-2j * np.pi * np.outer(a, a) / n)
+
+
+def root(L, e):
+    """w_L^e = exp(-2 pi i e / L)."""
+    return np.exp(-2j * np.pi * e / L)
+
+
+def reference(u, k, pre=None, post=None):
+    """float64 causal convolution of u (..., N) with k (Nk <= N) via an FFT of length 2N."""
+    u = torch.as_tensor(u).double()
+    if pre is not None:
+        u = u * torch.as_tensor(pre).double()
+    n = u.shape[-1]
+    y = torch.fft.irfft(torch.fft.rfft(u, n=2 * n) * torch.fft.rfft(torch.as_tensor(k).double(), n=2 * n),
+                        n=2 * n)[..., :n]
+    if post is not None:
+        y = y * torch.as_tensor(post).double()
+    return y.numpy()
+
+
+def pack_pairs(u, dtype, pre):
+    """(B, N) real -> (ceil(B/2), N) complex u[2i] + 1j u[2i+1] (zero past the last batch); the
+    pregate multiplies first, rounded to 16 bits once (the kernel multiplies in the 16-bit type)."""
+    if pre is not None:
+        u = rnd(u * pre, dtype)
+    if u.shape[0] % 2:
+        u = np.concatenate([u, np.zeros((1, u.shape[1]))])
+    return u[0::2] + 1j * u[1::2]
+
+
+def unpack_pairs(z, batch, dtype, post):
+    y = np.empty((2 * z.shape[0], z.shape[-1]))
+    y[0::2], y[1::2] = z.real, z.imag
+    y = y[:batch]
+    if post is not None:
+        y = y * post  # fp32 in the kernel, before the one rounding of the output
+    return rnd(y, dtype)
+
+
+def two_factor(u, spectrum, R, Q, dtype, pre=None, post=None):
+    """L = R Q. One warp's strip of k_r runs F1 .. G3 in registers; G1 sums the strips."""
+    batch, n = u.shape
+    L = 2 * n
+    z = pack_pairs(u, dtype, pre)
+    X = z.reshape(-1, R // 2, Q)                                        # x[r, q], r < R/2
+    FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)                # F1's matrix (R, R/2)
+    FQ = rnd(dft(Q) / math.sqrt(Q), dtype)
+    kr, q = np.arange(R)[:, None], np.arange(Q)[None, :]
+    tw = root(L, kr * q)                                               # fp32 in the kernel
+    K = spectrum[..., kr + R * q]                                       # [k_r, k_q]
+    Y = rnd((FRh @ X) * tw, dtype)                                      # F1, T1
+    W = rnd((Y @ FQ) * K, dtype)                                        # F3, times the filter
+    U = rnd((W @ np.conj(FQ)) * np.conj(tw), dtype)                     # G3, T1*
+    y = np.conj(FRh).T @ U                                              # G1: rows r < R/2
+    return unpack_pairs(y.reshape(-1, n), batch, dtype, post)
+
+
+def three_factor(u, spectrum, R, dtype, pre=None, post=None, P=16, Q=16):
+    """L = R P Q. The p part of T1, w_L^(Q k_r p), is folded into F1's 16-bit matrix (one per p,
+    i.e. per warp) and, conjugated, into G1's; the k_r q part multiplies in fp32."""
+    batch, n = u.shape
+    L = 2 * n
+    z = pack_pairs(u, dtype, pre)
+    X = z.reshape(-1, R // 2, P, Q)                                     # x[r, p, q], r < R/2
+    kr = np.arange(R)
+    p, q = np.arange(P)[None, :, None], np.arange(Q)[None, None, :]
+    A = rnd(dft(R)[None, :, : R // 2] * root(L, Q * kr[None, :, None] * np.arange(P)[:, None, None])
+            / math.sqrt(R), dtype)                                      # A[p][k_r, r]
+    FP = rnd(dft(P) / math.sqrt(P), dtype)
+    FQ = rnd(dft(Q) / math.sqrt(Q), dtype)
+    twq = root(L, kr[:, None] * np.arange(Q)[None, :]).astype(np.complex64).astype(np.complex128)
+    tw2 = root(P * Q, p * q)[0]                                         # [k_p, q]
+    K = spectrum[..., kr[:, None, None] + R * p + R * P * q]            # [k_r, k_p, k_q]
+    Y = rnd(np.einsum('pkr,nrpq->nkpq', A, X) * twq[:, None, :], dtype)            # F1, T1
+    Z = rnd(np.einsum('ap,nrpq->nraq', FP, Y) * tw2, dtype)                         # F2, T2
+    W = rnd((Z @ FQ) * K, dtype)                                                    # F3, filter
+    V = rnd((W @ np.conj(FQ)) * np.conj(tw2), dtype)                                # G3, T2*
+    U = rnd(np.einsum('pa,nraq->nrpq', np.conj(FP), V) * np.conj(twq)[:, None, :], dtype)  # G2, T1*
+    y = np.einsum('pkr,nkpq->nrpq', np.conj(A), U)                                  # G1
+    return unpack_pairs(y.reshape(-1, n), batch, dtype, post)
+
+
+def model(u, spectrum, dtype, pre=None, post=None):
+    """y for u (B, N) with N a kernel length; spectrum = fft(k, 2N) in natural order."""
+    R, P, Q = CONFIGS[u.shape[-1]]
+    if P == 1:
+        return two_factor(u, spectrum, R, Q, dtype, pre, post)
+    return three_factor(u, spectrum, R, dtype, pre, post, P, Q)
+
+
+def relative_l2(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def main():
+    rng = np.random.default_rng(0)
+    print("exact arithmetic (index math): relative L2 error against torch.fft")
+    for n in CONFIGS:
+        u, k = rng.standard_normal((3, n)), rng.standard_normal(n)
+        print(f"  N={n:5d}: {relative_l2(model(u, np.fft.fft(k, 2 * n), None), reference(u, k)):.1e}")
+    print("16-bit: relative L2 error and max error / max|y| in eps (2^-8 bf16, 2^-11 fp16);"
+          " gates multiplied exactly in the reference")
+    for n in CONFIGS:
+        for name, dtype, eps in (("bf16", torch.bfloat16, 2.0**-8), ("fp16", torch.float16, 2.0**-11)):
+            u = rnd(rng.standard_normal((6, n)), dtype)
+            k = rng.standard_normal(n) * np.exp(-np.arange(n) / (n / 8))
+            pre, post = rnd(rng.standard_normal((6, n)), dtype), rnd(rng.standard_normal((6, n)), dtype)
+            spectrum = np.fft.fft(k, 2 * n)
+            for gated in (False, True):
+                g = (pre, post) if gated else (None, None)
+                ref = reference(u, k, *g)
+                y = model(u, spectrum, dtype, *g)
+                floor = relative_l2(rnd(ref, dtype), ref)
+                print(f"  N={n:5d} {name} gates={int(gated)}: {relative_l2(y, ref) / eps:.2f} eps, max "
+                      f"{np.abs(y - ref).max() / np.abs(ref).max() / eps:.2f} eps (rounding y alone: "
+                      f"{floor / eps:.2f} eps)")
+
+
+if __name__ == "__main__":
+    main()
