@@ -1,0 +1,359 @@
+"""tk::fftconv_fwd_sm80 (the mma.sync causal FFT convolution) on a GPU, called as the op, against
+a float64 torch.fft reference: every kernel length, lengths in between (zero padding), both
+dtypes, with and without gates, filters shorter than the sequence, strided inputs, many batches
+and heads, persistent blocks running many pairs, unwritten output elements; and the filter
+spectrum op's layout.
+
+Tolerance. eps = 2^-8 (bf16) or 2^-11 (fp16), the spacing of the 16-bit numbers at 1. Rounding
+one tensor of these values to 16 bits costs about 0.42 eps of relative L2 error. The kernel rounds
+four times (three intermediates, where they become mma operands, and the output), rounds
+u * pregate to 16 bits before it starts, and multiplies by 16-bit DFT matrices; its Python model
+(csrc/fftconv/model.py) puts the relative L2 error at 0.85 .. 1.3 eps and the largest element error
+at 0.9 .. 1.8 eps * max|y|. The test holds the kernel to
+
+    relative L2 error <= 2 eps        and        max |error| <= 4 eps * max |y_ref|
+
+with y_ref the float64 causal convolution of the same 16-bit inputs (gates multiplied exactly).
+fp32 u has no kernel path: a hi/lo 16-bit split reaches only ~2.5e-6 relative error (model), 40x
+fp32's rounding, so tk.fftconv sends fp32 to torch.fft.
+
+Run: pytest tests/test_fftconv_kernel_gpu.py (GPU tests; skipped without one).
+Benchmark (B=16, H=1024, every kernel length, against torch.fft in fp32):
+    python tests/test_fftconv_kernel_gpu.py
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+
+import thunderkittens  # noqa: F401  (loads the extension: registers torch.ops.tk.*)
+
+pytestmark = pytest.mark.gpu
+
+KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096]  # fft_size = 2 * length
+DTYPES = [torch.bfloat16, torch.float16]
+EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+REL_FACTOR = 2.0
+MAX_FACTOR = 4.0
+GATES = ["none", "pre", "post", "both"]
+
+
+def kernel_length(n):
+    """The kernel a length-n call runs: the next power of two, at least 256."""
+    return max(256, 1 << (n - 1).bit_length())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_must_run_here():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the kernel needs sm_80 or newer")
+    u = torch.zeros(1, 1, 256, device="cuda", dtype=torch.bfloat16)
+    try:
+        spectrum = torch.ops.tk.fftconv_filter_spectrum(torch.zeros(1, 1, device="cuda"), 512)
+        torch.ops.tk.fftconv_fwd_sm80(u, spectrum, None, None, 512)
+    except RuntimeError as error:
+        if "not compiled" in str(error):
+            pytest.skip(f"fftconv family not built: {error}")
+        raise
+
+
+def seeded(*key):
+    torch.manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def make_filter(heads, length):
+    """Hyena-like filters: noise under an exponential decay."""
+    decay = torch.exp(-torch.arange(length, device="cuda") / max(1.0, length / 8))
+    return torch.randn(heads, length, device="cuda") * decay
+
+
+def make_gates(shape, dtype, gates):
+    pre = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("pre", "both") else None
+    post = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("post", "both") else None
+    return pre, post
+
+
+def reference(u, k, pregate=None, postgate=None):
+    """float64 causal convolution y[t] = sum_{s <= t} u[s] k[t - s] (times the gates), by FFT of
+    length 2N, in chunks of heads to bound memory."""
+    n = u.shape[-1]
+    fft_size = 2 * n
+    out = torch.empty(u.shape, dtype=torch.float64, device=u.device)
+    step = max(1, (1 << 24) // (u.shape[0] * fft_size))
+    for h0 in range(0, u.shape[1], step):
+        h1 = min(h0 + step, u.shape[1])
+        x = u[:, h0:h1].double()
+        if pregate is not None:
+            x = x * pregate[:, h0:h1].double()
+        y = torch.fft.irfft(torch.fft.rfft(x, n=fft_size) * torch.fft.rfft(k[h0:h1].double(), n=fft_size),
+                            n=fft_size)[..., :n]
+        if postgate is not None:
+            y = y * postgate[:, h0:h1].double()
+        out[:, h0:h1] = y
+    return out
+
+
+def fftconv(u, k, pregate=None, postgate=None, fft_size=None):
+    """The op as tk.fftconv will call it: k's spectrum for the kernel length, u (and the gates)
+    zero-padded to a multiple of 8 when needed, y sliced back."""
+    n = u.shape[-1]
+    if fft_size is None:
+        fft_size = 2 * kernel_length(n)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, fft_size)
+    pad = -n % 8
+    if pad:
+        u, pregate, postgate = (None if t is None else torch.nn.functional.pad(t, (0, pad))
+                                for t in (u, pregate, postgate))
+    y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pregate, postgate, fft_size)
+    return y[..., :n] if pad else y
+
+
+def assert_close(y, u, k, pregate=None, postgate=None):
+    assert y.dtype == u.dtype and y.shape == u.shape
+    assert torch.isfinite(y).all(), "output has NaN/inf"
+    ref = reference(u, k, pregate, postgate)
+    eps = EPS[u.dtype]
+    err = y.double() - ref
+    rel = err.norm().item() / max(ref.norm().item(), 1e-300)
+    rounding = (ref.to(u.dtype).double() - ref).norm().item() / max(ref.norm().item(), 1e-300)
+    assert rel <= REL_FACTOR * eps, (f"relative L2 error {rel / eps:.2f} eps > {REL_FACTOR} eps "
+                                     f"(rounding the reference alone: {rounding / eps:.2f} eps)")
+    worst = err.abs().max().item() / ref.abs().max().item()
+    assert worst <= MAX_FACTOR * eps, f"max error {worst / eps:.2f} eps * max|ref| > {MAX_FACTOR} eps"
+
+
+def call_on_poisoned_memory(u, spectrum, pregate, postgate, fft_size):
+    """The op's output lands in memory just filled with NaN (the caching allocator hands the freed
+    block back to the next request of the same size), so an element the kernel forgets stays NaN."""
+    poison = torch.full(u.shape, math.nan, dtype=u.dtype, device=u.device)
+    address = poison.data_ptr()
+    del poison
+    y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pregate, postgate, fft_size)
+    assert y.data_ptr() == address, "the output did not reuse the NaN block"
+    return y
+
+
+# ---- every kernel length, dtype and gate combination ----------------------------------------
+
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_matches_reference(n, dtype, gates):
+    seeded("ref", n, dtype, gates)
+    batch, heads = 3, 5  # odd batch: the last pair has one real sequence
+    u = torch.randn(batch, heads, n, device="cuda", dtype=dtype)
+    k = make_filter(heads, n)
+    pre, post = make_gates(u.shape, dtype, gates)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n)
+    assert y.is_contiguous()
+    assert_close(y, u, k, pre, post)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+@pytest.mark.parametrize("filter_length", ["1", "17", "half"])
+def test_short_filters(n, dtype, filter_length):
+    seeded("short", n, dtype, filter_length)
+    nk = n // 2 if filter_length == "half" else int(filter_length)
+    u = torch.randn(2, 3, n, device="cuda", dtype=dtype)
+    k = make_filter(3, nk)
+    assert_close(fftconv(u, k), u, k)
+
+
+# Lengths between the kernel lengths: multiples of 8 go in as they are (the kernel treats the
+# rest of its length as zeros); others are padded to a multiple of 8 first.
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", [1, 8, 17, 255, 264, 300, 1000, 1025, 2040, 2049, 3000, 4095])
+def test_lengths_between_kernel_lengths(n, dtype):
+    seeded("between", n, dtype)
+    u = torch.randn(3, 2, n, device="cuda", dtype=dtype)
+    k = make_filter(2, n)
+    pre, post = make_gates(u.shape, dtype, "both")
+    assert_close(fftconv(u, k, pre, post), u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", [256, 1024, 4096])
+def test_larger_fft_than_needed(n):
+    """A call may run a longer kernel than its length needs (more zero padding): same answer."""
+    seeded("larger", n)
+    u = torch.randn(2, 2, n // 2, device="cuda", dtype=torch.bfloat16)
+    k = make_filter(2, n // 4)
+    assert_close(fftconv(u, k, fft_size=2 * n), u, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_strided_inputs(n, dtype):
+    """u and the gates as views: a slice of a wider buffer (head stride and offset), heads and
+    batch transposed; the last dim contiguous, other strides multiples of 8."""
+    seeded("strided", n, dtype)
+    batch, heads = 4, 3
+    wide = torch.randn(batch, 2 * heads, n + 16, device="cuda", dtype=dtype)
+    u = wide[:, ::2, 8:8 + n]
+    pre = torch.randn(heads, batch, n, device="cuda", dtype=dtype).transpose(0, 1)
+    post = torch.randn(batch, heads, 2 * n, device="cuda", dtype=dtype)[..., n:]
+    k = make_filter(heads, n)
+    assert not u.is_contiguous() and not pre.is_contiguous() and not post.is_contiguous()
+    assert_close(fftconv(u, k, pre, post), u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_many_pairs_per_block(n):
+    """Enough (batch, head) pairs that every block runs several, through its cp.async ring."""
+    seeded("many", n)
+    batch, heads = 32, 2048 * 256 // n
+    u = torch.randn(batch, heads, n, device="cuda", dtype=torch.bfloat16)
+    k = make_filter(heads, n)
+    pre, post = make_gates(u.shape, torch.bfloat16, "both")
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n)
+    assert_close(y, u, k, pre, post)
+
+
+@pytest.mark.parametrize("batch, heads", [(1, 1), (1, 7), (2, 1), (5, 3), (2, 40000)])
+def test_batch_and_heads(batch, heads):
+    """One sequence, odd batches, and batch * heads beyond a grid dimension's 65535."""
+    seeded("bh", batch, heads)
+    n = 256
+    u = torch.randn(batch, heads, n, device="cuda", dtype=torch.float16)
+    k = make_filter(heads, n)
+    assert_close(fftconv(u, k), u, k)
+
+
+def test_every_element_written_at_every_length():
+    """Lengths that end mid-tile: elements past the length are not written, the rest are."""
+    for n in (8, 136, 264, 520, 1032, 2056, 4088):
+        seeded("tail", n)
+        u = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
+        k = make_filter(2, min(n, 64))
+        spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * kernel_length(n))
+        y = call_on_poisoned_memory(u, spectrum, None, None, 2 * kernel_length(n))
+        assert_close(y, u, k)
+
+
+def test_non_default_stream():
+    seeded("stream")
+    u = torch.randn(4, 8, 1024, device="cuda", dtype=torch.bfloat16)
+    k = make_filter(8, 1024)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = fftconv(u, k)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert_close(y, u, k)
+
+
+# ---- the spectrum's layout ------------------------------------------------------------------
+
+DECOMPOSITION = {512: (32, 1, 16), 1024: (32, 1, 32), 2048: (64, 1, 32), 4096: (16, 16, 16), 8192: (32, 16, 16)}
+
+
+def expected_position(k_index, fft_size):
+    """Complex index of fft(k)[k_index] in the spectrum (csrc/fftconv/params.h)."""
+    r, p, q = DECOMPOSITION[fft_size]
+    kr, rest = k_index % r, k_index // r
+    if p == 1:
+        return kr * q + rest
+    kp, kq = rest % p, rest // p
+    rh, rl, ch, cm, e = kp // 8, kp % 8, kq // 8, (kq % 8) // 2, kq % 2
+    return 256 * kr + ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e
+
+
+@pytest.mark.parametrize("fft_size", sorted(DECOMPOSITION))
+def test_filter_spectrum_layout(fft_size):
+    seeded("layout", fft_size)
+    k = torch.randn(3, fft_size // 2 - 5, device="cuda")
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, fft_size)
+    assert spectrum.shape == (3, fft_size, 2) and spectrum.dtype == torch.float32 and spectrum.is_contiguous()
+    expected = torch.fft.fft(k.double(), n=fft_size)
+    positions = torch.tensor([expected_position(i, fft_size) for i in range(fft_size)], device="cuda")
+    assert sorted(positions.tolist()) == list(range(fft_size))
+    got = torch.view_as_complex(spectrum[:, positions].contiguous()).to(torch.complex128)
+    assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+# ---- the op's own checks ----------------------------------------------------------------------
+
+def test_rejects_what_the_kernel_cannot_take():
+    u = torch.randn(2, 3, 256, device="cuda", dtype=torch.bfloat16)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(torch.randn(3, 256, device="cuda"), 512)
+    op = torch.ops.tk.fftconv_fwd_sm80
+    with pytest.raises(RuntimeError, match="fft_size"):
+        op(u, spectrum, None, None, 768)
+    with pytest.raises(RuntimeError, match="at most fft_size / 2"):
+        op(torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16), spectrum, None, None, 512)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        op(u[..., :250], spectrum, None, None, 512)
+    with pytest.raises(RuntimeError, match="bfloat16 or float16"):
+        op(u.float(), spectrum, None, None, 512)
+    with pytest.raises(RuntimeError, match="pregate"):
+        op(u, spectrum, u.half(), None, 512)
+    with pytest.raises(RuntimeError, match="postgate"):
+        op(u, spectrum, None, u[:, :2], 512)
+    with pytest.raises(RuntimeError, match="k_spectrum must have shape"):
+        op(u, spectrum[:2], None, None, 512)
+    with pytest.raises(RuntimeError, match="strides"):
+        op(torch.randn(2, 3, 260, device="cuda", dtype=torch.bfloat16)[..., :256], spectrum, None, None, 512)
+    with pytest.raises(RuntimeError, match="k's length"):
+        torch.ops.tk.fftconv_filter_spectrum(torch.randn(3, 257, device="cuda"), 512)
+
+
+# ---- benchmark ------------------------------------------------------------------------------
+
+def _time_ms(fn, repeats=20, rounds=5):
+    """Median over rounds of the mean time of `repeats` back-to-back calls, by CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) / repeats)
+    return sorted(times)[len(times) // 2]
+
+
+def benchmark(batch=16, heads=1024, dtype=torch.bfloat16):
+    """tk (spectrum precomputed, as a module caching it would; and with the spectrum computed per
+    call) against torch.fft in fp32 on the same causal computation, interleaved in one process."""
+    print(f"{torch.cuda.get_device_name()}: causal fftconv, B={batch} H={heads} {str(dtype)[6:]}")
+    print(f"{'N':>6} {'torch ms':>9} {'tk ms':>8} {'speedup':>8} {'GB/s':>7} {'tk+spec ms':>11} {'speedup':>8}")
+    for n in KERNEL_LENGTHS:
+        fft_size = 2 * n
+        u = torch.randn(batch, heads, n, device="cuda", dtype=dtype)
+        k = torch.randn(heads, n, device="cuda")
+        spectrum = torch.ops.tk.fftconv_filter_spectrum(k, fft_size)
+
+        def run_torch():
+            y = torch.fft.irfft(torch.fft.rfft(u.float(), n=fft_size) * torch.fft.rfft(k, n=fft_size), n=fft_size)
+            return y[..., :n].to(dtype)
+
+        def run_tk():
+            return torch.ops.tk.fftconv_fwd_sm80(u, spectrum, None, None, fft_size)
+
+        def run_tk_with_spectrum():
+            return torch.ops.tk.fftconv_fwd_sm80(u, torch.ops.tk.fftconv_filter_spectrum(k, fft_size), None, None,
+                                                 fft_size)
+
+        times = {"torch": [], "tk": [], "tk+spec": []}
+        for _ in range(3):  # interleaved: A B C A B C ...
+            times["torch"].append(_time_ms(run_torch))
+            times["tk"].append(_time_ms(run_tk))
+            times["tk+spec"].append(_time_ms(run_tk_with_spectrum))
+        t = {name: sorted(v)[1] for name, v in times.items()}
+        moved = 2 * u.numel() * u.element_size()  # u read + y written
+        print(f"{n:>6} {t['torch']:>9.3f} {t['tk']:>8.3f} {t['torch'] / t['tk']:>7.2f}x "
+              f"{moved / t['tk'] / 1e6:>7.0f} {t['tk+spec']:>11.3f} {t['torch'] / t['tk+spec']:>7.2f}x")
+
+
+if __name__ == "__main__":
+    benchmark()
+    benchmark(dtype=torch.float16)
