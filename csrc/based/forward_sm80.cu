@@ -1,0 +1,490 @@
+// Based linear attention forward on mma.sync + cp.async (sm_80 and newer: A100, RTX 3090/4090,
+// and Hopper when forced), written in the tile core's warp ops. The math and the state's layout
+// are in params.h.
+//
+// One block computes 64 value columns of one (batch, head) with 4 warps; warp w owns value
+// columns 16 w .. 16 w + 15 for the whole sequence (Dv = 128 is two blocks, each recomputing the
+// chunk's scores). The sequence is walked in chunks of 64 rows through a two-stage cp.async ring;
+// per chunk a warp computes, with s = q.k unscaled, c1 = scale, c2 = scale^2 / 2:
+//   O  = a0                                   (sum of earlier v: the constant feature, fp32)
+//      + c1 Q a1                              (a1 = sum of earlier k v^T)
+//      + c2 sum_d weight_d QQ_d T_d           (T_d = sum of earlier KK_d^T v: pair tiles,
+//                                              pair_features.cuh)
+//      + mask_causal(1 + c1 S + c2 S^2) V_c   (S = Q K^T inside the chunk)
+// then, if normalize, divides by the same sums with v replaced by 1 (the quadratic part from
+// Z2 = sum k k^T as q^T Z2 q, in fp32 up to a two-term bf16/fp16 split of Z2), stores O, and
+// adds the chunk to a0, a1, T_d (and z). The state lives in fp32 registers, transposed (value
+// columns as rows): T_d is the accumulator of T_d^T += V^T KK_d and, converted to 16 bits,
+// the B operand of O += QQ_d T_d, with no transpose in between. The normaliser state z (the
+// v = 1 column) lives in shared memory, updated by warps 0 and 1 after each chunk: in every
+// warp's registers it cost the main loop its last free registers (spills).
+// Partial last chunk: rows past the end load as zeros (cp.async zero fill), add nothing to the
+// state, are never seen by an earlier row (causal), and are not stored.
+#include "kittens/kittens.cuh"
+#include "based/pair_features.cuh"
+#include "based/params.h"
+
+namespace tk::based {
+namespace {
+
+namespace kt = kittens;
+
+constexpr int WARPS = 4;
+constexpr int CHUNK = 64;                              // sequence rows per step
+constexpr int WARP_COLS = kt::TILE_DIM;                // value columns per warp
+constexpr int BLOCK_COLS = WARPS * WARP_COLS;          // value columns per block
+constexpr int ROW_TILES = CHUNK / kt::TILE_DIM;        // 16-row tiles per chunk
+constexpr int STAGES = 2;
+static_assert(WARPS == ROW_TILES, "each warp transposes one 16-row tile of the chunk");
+
+// The normaliser state z and this chunk's denominators. Fragment-ordered: element [k][l] is
+// register k (or column half k) of lane l, so every access of a warp is one contiguous 256 bytes.
+struct NormaliserState {
+    float2 quad[4][kt::WARP_THREADS];    // Z2 = sum k k^T, as a 16x16 accumulator tile
+    float2 linear[2][kt::WARP_THREADS];  // sum of k, as column_values
+    float constant;                      // rows so far
+    float denominator[CHUNK];            // this chunk's rows (normalize)
+};
+
+template <typename T>
+struct SharedTiles {
+    using qk_tile = kt::st<T, CHUNK, FEATURE_DIM>;
+    using v_tile = kt::st<T, CHUNK, BLOCK_COLS>;
+    using o_tile = kt::st<T, CHUNK, WARP_COLS>;  // one warp's output columns, for coalesced stores
+    static constexpr int bytes = kt::shared_bytes_for<qk_tile[STAGES], qk_tile[STAGES], v_tile[STAGES],
+                                                      transposed_chunk<T>, transposed_chunk<T>, o_tile[WARPS]>();
+};
+
+template <typename T>
+struct Globals {
+    kt::gl<T> q, k, v, o;
+};
+
+struct Constants {
+    float c1, c2;                   // p(s) = 1 + c1 s + c2 s^2 for the unscaled s = q.k
+    float eps;
+    float sqrt_scale, kappa;        // the state's factors: sqrt(scale) (linear rows), scale / sqrt(2) (quadratic)
+    float inv_sqrt_scale, half_inv_kappa;
+    const float* initial_state;     // (B, H, 273, Dv + 1) or null
+    float* final_state;             // (B, H, 273, Dv + 1) or null
+};
+
+using acc_tile = kt::rt_fl<16, 16>;
+
+// dst = src * factor in dst's 16-bit type, for the first REGISTERS registers (a half tile: 2).
+template <int REGISTERS = 4, typename RT>
+__device__ __forceinline__ void scaled_copy(RT& dst, const acc_tile& src, float factor) {
+#pragma unroll
+    for (int k = 0; k < REGISTERS; k++) {
+        const float2 x = src.tiles[0][0].data[k];
+        dst.tiles[0][0].data[k] = kt::convert_pair<typename RT::dtype, float>(make_float2(x.x * factor, x.y * factor));
+    }
+}
+
+// One value per column of a 16-wide accumulator tile, at the positions this lane holds: columns
+// 2 (lane % 4) + {0, 1} (half 0) and 8 more (half 1). Sums over rows (of v, of k) are kept so,
+// instead of as whole tiles of equal rows.
+struct column_values {
+    float2 half[2];
+};
+
+// Column sums of the 64 chunk rows held as four col-layout 16x16 tiles, added to `sums`: as the
+// product ones (16 x 64) x X on the tensor cores, whose every row is the column sum in the
+// accumulator's layout.
+template <typename T>
+__device__ __forceinline__ void add_column_sums(column_values& sums, const kt::rt<T, 16, 16>& ones,
+                                                const kt::rt<T, 16, 16, kt::col_l> (&x)[4]) {
+    acc_tile total;
+    kt::zero(total);
+#pragma unroll
+    for (int j = 0; j < 4; j++) kt::mma_AB(total, ones, x[j], total);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        sums.half[half].x += total.tiles[0][0].data[2 * half].x;
+        sums.half[half].y += total.tiles[0][0].data[2 * half].y;
+    }
+}
+
+// The per-(batch, head) state but z: in fp32 registers, rows = this warp's 16 value columns.
+struct State {
+    acc_tile pair[PAIR_TILES];  // T_d^T: column b = feature (pair_partner(b, d), b); the half tile's registers 0, 1
+    acc_tile linear;            // a1^T: column a = feature a
+    column_values constant;     // a0 = sum of v, at this lane's value columns
+};
+
+// Reads of an initial state (B, H, 273, Dv + 1) and writes of the final one, for one (batch, head).
+struct StateRows {
+    float* base;
+    int pitch;  // Dv + 1
+    __device__ float& operator()(int row, int col) const { return base[int64_t(row) * pitch + col]; }
+    // The symmetric part of the quadratic block at features (a, b), over the internal scale:
+    // rows 17 + 16 a + b and 17 + 16 b + a, halved, divided by kappa.
+    __device__ float quad(int a, int b, int col, const Constants& c) const {
+        return ((*this)(17 + 16 * a + b, col) + (*this)(17 + 16 * b + a, col)) * c.half_inv_kappa;
+    }
+};
+
+__device__ __forceinline__ void read_state(State& s, const StateRows& in, int value_col, const Constants& c) {
+    const int lane_col = 2 * (kt::lane_id() % 4);  // column of half 0's x; +1 for y, +8 for half 1
+#pragma unroll
+    for (int half = 0; half < 2; half++)
+        s.constant.half[half] = make_float2(in(0, value_col + lane_col + 8 * half), in(0, value_col + lane_col + 8 * half + 1));
+    kt::for_each_element(s.linear, [&](int, int, int k, int h, float& e) {
+        e = in(1 + acc_tile::col_in_base(k, h), value_col + acc_tile::row_in_base(k, h)) * c.inv_sqrt_scale;
+    });
+    kt::static_for<PAIR_TILES>([&](auto d) {
+        kt::for_each_element(s.pair[d], [&](int, int, int k, int h, float& e) {
+            const int b = acc_tile::col_in_base(k, h);
+            if (k < pair_registers(d)) e = in.quad(pair_partner(b, d), b, value_col + acc_tile::row_in_base(k, h), c);
+        });
+    });
+}
+
+__device__ __forceinline__ void write_state(const State& s, const StateRows& out, int value_col, const Constants& c) {
+    const int lane = kt::lane_id(), lane_col = 2 * (lane % 4);
+    if (lane < 4) {  // one writer per column of the column sums
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            out(0, value_col + lane_col + 8 * half) = s.constant.half[half].x;
+            out(0, value_col + lane_col + 8 * half + 1) = s.constant.half[half].y;
+        }
+    }
+    kt::for_each_element(s.linear, [&](int, int, int k, int h, const float& e) {
+        out(1 + acc_tile::col_in_base(k, h), value_col + acc_tile::row_in_base(k, h)) = e * c.sqrt_scale;
+    });
+    kt::static_for<PAIR_TILES>([&](auto d) {
+        kt::for_each_element(s.pair[d], [&](int, int, int k, int h, const float& e) {
+            if (k >= pair_registers(d)) return;
+            const int b = acc_tile::col_in_base(k, h), a = pair_partner(b, d);
+            const int col = value_col + acc_tile::row_in_base(k, h);
+            out(17 + 16 * a + b, col) = e * c.kappa;
+            // Tiles 1..8 hold each unordered pair once: both halves of the symmetric block.
+            if (d != 0) out(17 + 16 * b + a, col) = e * c.kappa;
+        });
+    });
+}
+
+// z into shared memory (one warp): from the initial state's last column, or zero.
+__device__ __forceinline__ void read_normaliser(NormaliserState& z, const StateRows& in, bool present, int value_dim,
+                                                const Constants& c) {
+    const int lane = kt::lane_id(), lane_col = 2 * (lane % 4);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int row = acc_tile::row_in_base(k, 0), col = acc_tile::col_in_base(k, 0);
+        z.quad[k][lane] = present ? make_float2(in.quad(row, col, value_dim, c), in.quad(row, col + 1, value_dim, c))
+                                  : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int col = lane_col + 8 * half;
+        z.linear[half][lane] = present ? make_float2(in(1 + col, value_dim) * c.inv_sqrt_scale,
+                                                     in(2 + col, value_dim) * c.inv_sqrt_scale)
+                                       : make_float2(0.f, 0.f);
+    }
+    if (lane == 0) z.constant = present ? in(0, value_dim) : 0.f;
+}
+
+// z from shared memory into the final state's last column (one warp).
+__device__ __forceinline__ void write_normaliser(const NormaliserState& z, const StateRows& out, int value_dim,
+                                                 const Constants& c) {
+    const int lane = kt::lane_id(), lane_col = 2 * (lane % 4);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int row = acc_tile::row_in_base(k, 0), col = acc_tile::col_in_base(k, 0);
+        out(17 + 16 * row + col, value_dim) = z.quad[k][lane].x * c.kappa;
+        out(17 + 16 * row + col + 1, value_dim) = z.quad[k][lane].y * c.kappa;
+    }
+    if (lane < 4) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            out(1 + lane_col + 8 * half, value_dim) = z.linear[half][lane].x * c.sqrt_scale;
+            out(2 + lane_col + 8 * half, value_dim) = z.linear[half][lane].y * c.sqrt_scale;
+        }
+    }
+    if (lane == 0) out(0, value_dim) = z.constant;
+}
+
+template <typename T, bool NORMALIZE, bool Z_STATE>
+__global__ void __launch_bounds__(WARPS * kt::WARP_THREADS, 2)
+    forward_kernel(const __grid_constant__ Globals<T> g, const __grid_constant__ Constants c) {
+    static_assert(!NORMALIZE || Z_STATE, "normalize needs the normaliser state");
+    using S = SharedTiles<T>;
+    using tile = kt::rt<T, 16, 16>;                 // row layout: A operands, and B of A B^T
+    using col_tile = kt::rt<T, 16, 16, kt::col_l>;  // B operands, and A of A^T B
+
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    auto& q_smem = alloc.allocate<typename S::qk_tile[STAGES]>();
+    auto& k_smem = alloc.allocate<typename S::qk_tile[STAGES]>();
+    auto& v_smem = alloc.allocate<typename S::v_tile[STAGES]>();
+    auto& q_t = alloc.allocate<transposed_chunk<T>>();
+    auto& k_t = alloc.allocate<transposed_chunk<T>>();
+    auto& o_smem = alloc.allocate<typename S::o_tile[WARPS]>();
+    // Static, so that the compiler knows its accesses are to shared memory (32-bit addresses, LDS).
+    __shared__ NormaliserState z;
+
+    const int value_dim = g.v.cols();
+    const int col_blocks = value_dim / BLOCK_COLS;
+    const int col_block = blockIdx.x % col_blocks;
+    const int bh = blockIdx.x / col_blocks;
+    const int batch = bh / g.q.heads(), head = bh % g.q.heads();
+    const int warp = kt::warp_id(), lane = kt::lane_id();
+    const int value_col = col_block * BLOCK_COLS + warp * WARP_COLS;  // this warp's first value column
+    const int len = g.q.rows();
+    const int chunks = kt::ceil_div(len, CHUNK);
+    // z: every block needs it to normalize; otherwise only the block that writes the state's last
+    // column (the first of a head's column blocks) keeps it.
+    const bool block_tracks_z = Z_STATE && (NORMALIZE || col_block == 0);
+
+    auto load_chunk = [&](int chunk, int stage) {
+        kt::warpgroup::load_async(q_smem[stage], g.q, {batch, head, chunk, 0});
+        kt::warpgroup::load_async(k_smem[stage], g.k, {batch, head, chunk, 0});
+        kt::warpgroup::load_async(v_smem[stage], g.v, {batch, head, chunk, col_block});
+        kt::cp_async_commit();
+    };
+    load_chunk(0, 0);
+
+    const int64_t state_offset = (int64_t(batch) * g.q.heads() + head) * STATE_ROWS * (value_dim + 1);
+    State st;
+    if (c.initial_state != nullptr) {
+        read_state(st, {const_cast<float*>(c.initial_state) + state_offset, value_dim + 1}, value_col, c);
+    } else {
+        kt::static_for<PAIR_TILES>([&](auto d) { kt::zero(st.pair[d]); });
+        kt::zero(st.linear);
+        st.constant = {};
+    }
+    if (block_tracks_z && warp == 0) {  // visible to all warps after the first chunk's barrier
+        const StateRows in{const_cast<float*>(c.initial_state) + state_offset, value_dim + 1};
+        read_normaliser(z, in, c.initial_state != nullptr, value_dim, c);
+    }
+
+    tile ones;  // A operand of the column sums (sum of v, sum of k) in the accumulator's layout
+    kt::one(ones);
+    const uint32_t q_gather = gather_base(q_t), k_gather = gather_base(k_t);
+
+    for (int chunk = 0; chunk < chunks; chunk++) {
+        const int stage = chunk % STAGES;
+        kt::cp_async_wait<0>();
+        __syncthreads();  // the chunk visible to all warps; all done with the previous one
+        if (chunk + 1 < chunks) load_chunk(chunk + 1, (chunk + 1) % STAGES);
+
+        // q^T and k^T for the pair-feature gathers: warp w transposes chunk rows 16 w .. 16 w + 15.
+        {
+            col_tile part;
+            kt::load(part, kt::subtile<16, 16>(q_smem[stage], warp, 0));
+            store_transposed(q_t, part, warp);
+            kt::load(part, kt::subtile<16, 16>(k_smem[stage], warp, 0));
+            store_transposed(k_t, part, warp);
+        }
+        if constexpr (NORMALIZE) {
+            // The denominators: warp w those of row tile w, for all warps after the barrier below.
+            // Earlier chunks' part z0 + q . (c1 z1 + c2 Z2 q), c2 Z2 as a 16-bit high part plus the
+            // 16-bit remainder (about 16 significant bits); then this chunk's scores of the row
+            // tile (recomputed here, where few registers are live, rather than summed in the loop
+            // below for one row tile of four).
+            tile z_high, z_low;
+            {
+                acc_tile scaled, high;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 x = z.quad[k][lane];
+                    scaled.tiles[0][0].data[k] = make_float2(x.x * c.c2, x.y * c.c2);
+                }
+                kt::copy(z_high, scaled);
+                kt::copy(high, z_high);
+                kt::sub(scaled, scaled, high);
+                kt::copy(z_low, scaled);
+            }
+            tile q_own;
+            kt::load(q_own, kt::subtile<16, 16>(q_smem[stage], warp, 0));
+            acc_tile r;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 x = z.linear[k / 2][lane];
+                r.tiles[0][0].data[k] = make_float2(x.x * c.c1, x.y * c.c1);
+            }
+            kt::mma_ABt(r, q_own, z_high, r);
+            kt::mma_ABt(r, q_own, z_low, r);
+            typename acc_tile::col_vec row_sum;  // this lane's share of each of its two rows' sums
+            kt::zero(row_sum);
+            kt::for_each_element(r, [&](int, int, int k, int half, float& e) {
+                const auto& pair = q_own.tiles[0][0].data[k];
+                row_sum.data[0][k % 2] += e * kt::convert<float>(half ? pair.y : pair.x);
+            });
+#pragma unroll 1
+            for (int j = 0; j <= warp; j++) {
+                tile k_rows;
+                kt::load<kt::mma_operand::b>(k_rows, kt::subtile<16, 16>(k_smem[stage], j, 0));
+                acc_tile s;
+                kt::zero(s);
+                kt::mma_ABt(s, q_own, k_rows, s);
+                kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
+                if (j == warp) kt::mask_cols_after(s, [](int row) { return row; }, 0.f);
+                kt::row_sum_lane_partial(row_sum, s, row_sum);
+            }
+            kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
+            if (lane % 4 == 0) {
+                const float earlier_rows = z.constant;
+#pragma unroll
+                for (int slot = 0; slot < 2; slot++)
+                    z.denominator[kt::TILE_DIM * warp + acc_tile::row_in_base(slot, 0)] =
+                        row_sum.data[0][slot] + earlier_rows + c.eps;
+            }
+        }
+        tile q[ROW_TILES];
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) kt::load(q[m], kt::subtile<16, 16>(q_smem[stage], m, 0));
+        __syncthreads();  // q^T, k^T and the denominators complete
+
+        // Earlier chunks, through the state: constant, linear, then the pair tiles.
+        acc_tile o[ROW_TILES];
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) o[m].tiles[0][0].data[k] = st.constant.half[k / 2];
+        {
+            tile linear;
+            scaled_copy(linear, st.linear, c.c1);
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) kt::mma_ABt(o[m], q[m], linear, o[m]);
+        }
+        kt::static_for<PAIR_TILES>([&](auto d) {
+            constexpr int D = decltype(d)::value;
+            tile state16;
+            scaled_copy<pair_registers(D)>(state16, st.pair[D], c.c2 * pair_weight(D));
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+                tile qq;
+                pair_tile<D>(qq, q[m], q_gather, m);
+                if constexpr (D == HALF_TILE) mma_ABt_half(o[m], qq, state16);
+                else kt::mma_ABt(o[m], qq, state16, o[m]);
+            }
+        });
+
+        // This chunk: the causally masked polynomial scores, 16 x 16 blocks on and below the diagonal.
+#pragma unroll
+        for (int j = 0; j < ROW_TILES; j++) {
+            tile k_rows;  // K is the B operand of Q K^T
+            kt::load<kt::mma_operand::b>(k_rows, kt::subtile<16, 16>(k_smem[stage], j, 0));
+            col_tile v_rows;
+            kt::load(v_rows, kt::subtile<16, 16>(v_smem[stage], j, warp));
+#pragma unroll
+            for (int i = j; i < ROW_TILES; i++) {
+                acc_tile s;
+                kt::zero(s);
+                kt::mma_ABt(s, q[i], k_rows, s);
+                kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
+                if (i == j) kt::mask_cols_after(s, [](int row) { return row; }, 0.f);
+                tile p;
+                kt::copy(p, s);
+                kt::mma_AB(o[i], p, v_rows, o[i]);
+            }
+        }
+
+        if constexpr (NORMALIZE) {
+#pragma unroll
+            for (int m = 0; m < ROW_TILES; m++) {
+                typename acc_tile::col_vec denominator;
+#pragma unroll
+                for (int slot = 0; slot < 2; slot++)
+                    denominator.data[0][slot] = z.denominator[kt::TILE_DIM * m + acc_tile::row_in_base(slot, 0)];
+                kt::div_row(o[m], o[m], denominator);
+            }
+        }
+
+        // Out through this warp's staging tile, as 16-byte stores of whole rows; rows past the
+        // end are not stored.
+#pragma unroll
+        for (int m = 0; m < ROW_TILES; m++) {
+            tile out;
+            kt::copy(out, o[m]);
+            kt::store(kt::subtile<16, 16>(o_smem[warp], m, 0), out);
+        }
+        __syncwarp();
+        kt::warp::store(g.o, o_smem[warp], {batch, head, chunk, value_col / WARP_COLS});
+
+        // The chunk into the state, 16 rows at a time.
+        col_tile v_cols[ROW_TILES], k_cols[ROW_TILES];
+#pragma unroll
+        for (int j = 0; j < ROW_TILES; j++) {
+            kt::load(v_cols[j], kt::subtile<16, 16>(v_smem[stage], j, warp));
+            kt::load(k_cols[j], kt::subtile<16, 16>(k_smem[stage], j, 0));
+            kt::static_for<PAIR_TILES>([&](auto d) {
+                constexpr int D = decltype(d)::value;
+                col_tile kk;
+                pair_tile<D>(kk, k_cols[j], k_gather, j);
+                if constexpr (D == HALF_TILE) mma_AtB_half(st.pair[D], v_cols[j], kk);
+                else kt::mma_AtB(st.pair[D], v_cols[j], kk, st.pair[D]);
+            });
+            kt::mma_AtB(st.linear, v_cols[j], k_cols[j], st.linear);
+        }
+        add_column_sums(st.constant, ones, v_cols);
+        if (block_tracks_z) {  // z's updates: every warp read this chunk's before the barrier above
+            if (warp == 0) {
+                acc_tile quad;
+#pragma unroll
+                for (int k = 0; k < 4; k++) quad.tiles[0][0].data[k] = z.quad[k][lane];
+#pragma unroll
+                for (int j = 0; j < ROW_TILES; j++) kt::mma_AtB(quad, k_cols[j], k_cols[j], quad);
+#pragma unroll
+                for (int k = 0; k < 4; k++) z.quad[k][lane] = quad.tiles[0][0].data[k];
+            } else if (warp == 1) {
+                column_values linear{{z.linear[0][lane], z.linear[1][lane]}};
+                add_column_sums(linear, ones, k_cols);
+                z.linear[0][lane] = linear.half[0];
+                z.linear[1][lane] = linear.half[1];
+                if (lane == 0) z.constant += float(min(CHUNK, len - chunk * CHUNK));
+            }
+        }
+    }
+
+    if (c.final_state != nullptr) {
+        const StateRows out{c.final_state + state_offset, value_dim + 1};
+        write_state(st, out, value_col, c);
+        if constexpr (Z_STATE) {
+            __syncthreads();  // the last chunk's z
+            if (col_block == 0 && warp == 0) write_normaliser(z, out, value_dim, c);
+        }
+    }
+}
+
+template <typename T, bool NORMALIZE, bool Z_STATE>
+cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
+    auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
+        return kt::gl<T>(static_cast<T*>(const_cast<void*>(data)), p.batch, p.heads, p.len, cols, sb, sh, sl);
+    };
+    const Globals<T> g{operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l),
+                       operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l),
+                       operand(p.v, p.value_dim, p.v_stride_b, p.v_stride_h, p.v_stride_l),
+                       operand(p.o, p.value_dim, p.o_stride_b, p.o_stride_h, p.o_stride_l)};
+    const float sqrt_scale = sqrtf(p.scale), kappa = p.scale * 0.70710678118654752f;
+    const Constants c{p.scale,        p.scale * p.scale * 0.5f, p.eps,          sqrt_scale,         kappa,
+                      1.f / sqrt_scale, 0.5f / kappa,           p.initial_state, p.final_state};
+    constexpr int smem = SharedTiles<T>::bytes;
+    auto kernel = forward_kernel<T, NORMALIZE, Z_STATE>;
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    const int64_t blocks = int64_t(p.batch) * p.heads * (p.value_dim / BLOCK_COLS);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(g, c);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_with_flags(const ForwardParams& p, cudaStream_t stream) {
+    if (p.normalize) return launch<T, true, true>(p, stream);
+    if (p.final_state != nullptr) return launch<T, false, true>(p, stream);
+    return launch<T, false, false>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t forward_sm80(const ForwardParams& p, cudaStream_t stream) {
+    // The op layer checks these; a direct caller gets an error instead of a wrong launch.
+    if (p.len < 1 || p.batch < 1 || p.heads < 1 || p.value_dim < BLOCK_COLS || p.value_dim % BLOCK_COLS != 0 ||
+        !(p.scale > 0.f))
+        return cudaErrorInvalidValue;
+    return p.dtype == ElementType::bf16 ? launch_with_flags<kt::bf16>(p, stream)
+                                        : launch_with_flags<kt::half>(p, stream);
+}
+
+}  // namespace tk::based
