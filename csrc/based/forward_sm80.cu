@@ -128,7 +128,8 @@ __device__ __forceinline__ void read_state(State& s, const StateRows& in, int va
     const int lane_col = 2 * (kt::lane_id() % 4);  // column of half 0's x; +1 for y, +8 for half 1
 #pragma unroll
     for (int half = 0; half < 2; half++)
-        s.constant.half[half] = make_float2(in(0, value_col + lane_col + 8 * half), in(0, value_col + lane_col + 8 * half + 1));
+        s.constant.half[half] =
+            make_float2(in(0, value_col + lane_col + 8 * half), in(0, value_col + lane_col + 8 * half + 1));
     kt::for_each_element(s.linear, [&](int, int, int k, int h, float& e) {
         e = in(1 + acc_tile::col_in_base(k, h), value_col + acc_tile::row_in_base(k, h)) * c.inv_sqrt_scale;
     });

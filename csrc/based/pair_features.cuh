@@ -75,8 +75,8 @@ __device__ __forceinline__ void store_shared_b32(uint32_t address, uint32_t x) {
 // Writes chunk rows [16 w, 16 w + 16) of x, held by this warp as a col-layout tile (rows = chunk
 // rows, cols = features), into columns [16 w, 16 w + 16) of dst, rows 0..7 twice.
 template <kittens::half_precision T>
-__device__ __forceinline__ void store_transposed(transposed_chunk<T>& dst, const kittens::rt<T, 16, 16, kittens::col_l>& x,
-                                                 int w) {
+__device__ __forceinline__ void store_transposed(transposed_chunk<T>& dst,
+                                                 const kittens::rt<T, 16, 16, kittens::col_l>& x, int w) {
     using chunk = transposed_chunk<T>;
     const int lane = kittens::lane_id();
     // Register k holds rows 2 (lane % 4) + {0, 1} + 8 (k % 2) of column lane / 4 + 8 (k / 2): one
