@@ -11,7 +11,6 @@ in fresh processes with a time limit (tests/differential/fresh_cases.py), as do 
 element cases on the GPU (expanded views: no memory for the inputs).
 """
 
-import math
 
 import pytest
 import torch
@@ -199,7 +198,7 @@ def non_float(shape, dtype, device="cpu"):
 def test_attention_non_float_dtypes(device, dtype, which):
     q, k, v = (non_float((2, 4, 5, 16), dtype, device) for _ in range(3))
     if which == "key":
-        q, v = q.real.float() if dtype.is_complex else q.float(), v.real.float() if dtype.is_complex else v.float()
+        q, v = ((t.real if dtype.is_complex else t).float() for t in (q, v))
     error = raised(tk.attention, q, k, v)
     assert_clear_error(error, ("query",) if which == "all" else ("key",))
     assert isinstance(error, TypeError), error
@@ -291,7 +290,8 @@ def test_two_gpus():
     q, k, v = attention_inputs((2, 4, 5, 64), (2, 4, 7, 64), torch.bfloat16, "cuda:0")
     error = raised(tk.attention, q, k.to("cuda:1"), v)
     assert_clear_error(error, ("key",), raised(F.scaled_dot_product_attention, q, k.to("cuda:1"), v))
-    a, b = torch.randn(64, 64, device="cuda:0", dtype=torch.bfloat16), torch.randn(64, 64, device="cuda:1", dtype=torch.bfloat16)
+    a = torch.randn(64, 64, device="cuda:0", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda:1", dtype=torch.bfloat16)
     error = raised(tk.matmul, a, b)
     assert_clear_error(error, ("b",), raised(torch.matmul, a, b))
 

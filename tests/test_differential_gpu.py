@@ -41,10 +41,12 @@ def report(request):
     lines = []
     yield lines
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and lines:
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and lines:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("")
+            for line in lines:
+                reporter.write_line(line)
 
 
 def run(prop, env, report) -> PathCounts:

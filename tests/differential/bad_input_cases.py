@@ -4,11 +4,12 @@ run in fresh processes through differential.fresh_cases: a hang or a fault costs
 NaN / Inf inputs: one element of query, key, value (or a, b) is NaN, +inf or -inf; the result
 must be non-finite exactly where the float64 reference is (NaN exactly where it is NaN, for a
 NaN input), or exactly where PyTorch's own function's result is (where that differs from the
-reference, PyTorch's answer is the bar a drop-in has to meet). Only placements whose answer does not depend on how masked positions are skipped:
-any element of query (full or causal: its row), of key or of value without a mask (a key every
-query sees). Large inputs: more than 2^31 elements, made with expanded views (no memory for
-the inputs) on the GPU: the last elements must be as right as the first (no 32-bit index
-overflow).
+reference, PyTorch's answer is the bar a drop-in has to meet). Only placements whose answer
+does not depend on how masked positions are skipped: any element of query (full or causal: its
+row), of key or of value without a mask (a key every query sees).
+
+Large inputs: more than 2^31 elements, made with expanded views (no memory for the inputs) on
+the GPU: the last elements must be as right as the first (no 32-bit index overflow).
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def run_cases(module_name: str, ids: list[str], *, timeout: float = 300.0) -> di
         remaining = [i for i in remaining if i not in results]
         if remaining and not progressed:
             for case_id in remaining:
-                results[case_id] = {"id": case_id, "status": "fail",
-                                    "message": f"the worker process ended ({ending}) before this case:\n{tail}"}
+                message = f"the worker process ended ({ending}) before this case:\n{tail}"
+                results[case_id] = {"id": case_id, "status": "fail", "message": message}
             break
     return results
 

@@ -97,9 +97,6 @@ def _strategy_and_check(name: str, profile: Profile, env: Environment, stand_in,
         def check(case):
             matmul.check_case(case, env, counts, call=matmul.compiled_matmul())
         return matmul.matmul_cases(profile, env), check
-    if name in ("attention_validation", "matmul_validation"):
-        op = name.split("_")[0]
-        return invalid.invalid_calls(op), lambda call: invalid.check_invalid(call, counts)
     raise ValueError(f"unknown property {name!r}; known: {sorted(PROPERTIES)}")
 
 
@@ -109,9 +106,23 @@ def run_property(name: str, profile: Profile, env: Environment, counts: PathCoun
     stand_in / matmul_stand_in: the cpu_kernel / cpu_matmul fixtures' stand-ins (their calls
     are checked against tk.explain)."""
     counts = counts if counts is not None else PathCounts(name)
+    examples = max_examples or profile.examples_for(name)
+    if name.endswith("_validation"):
+        op = name.split("_")[0]
+        mutations = invalid.mutations_of(op)
+        for mutation in mutations:
+            strategy = invalid.invalid_calls(op, mutation)
+            _run_hypothesis(f"{name}_{mutation}", strategy,
+                            lambda call: invalid.check_invalid(call, counts),
+                            max(2, examples // len(mutations)))
+        return counts
     strategy, check = _strategy_and_check(name, profile, env, stand_in, matmul_stand_in, counts)
+    _run_hypothesis(name, strategy, check, examples)
+    return counts
 
-    @hypothesis_settings(max_examples or profile.examples_for(name))
+
+def _run_hypothesis(name: str, strategy, check, examples: int) -> None:
+    @hypothesis_settings(examples)
     @seed(SEED)
     @given(strategy)
     def prop(case):
@@ -119,7 +130,6 @@ def run_property(name: str, profile: Profile, env: Environment, counts: PathCoun
 
     prop.__name__ = prop.__qualname__ = f"differential_{name}"
     prop()
-    return counts
 
 
 # ---- fresh processes ---------------------------------------------------------------------------
