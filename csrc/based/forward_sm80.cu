@@ -408,7 +408,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS, 2)
         col_tile v_cols[ROW_TILES], k_cols[ROW_TILES];
 #pragma unroll
         for (int j = 0; j < ROW_TILES; j++) {
-            kt::load(v_cols[j], kt::subtile<16, 16>(v_smem[stage], j, warp));
+            // V^T is the A operand of the state's products: its registers in that order.
+            kt::load<kt::mma_operand::a>(v_cols[j], kt::subtile<16, 16>(v_smem[stage], j, warp));
             kt::load(k_cols[j], kt::subtile<16, 16>(k_smem[stage], j, 0));
             kt::static_for<PAIR_TILES>([&](auto d) {
                 constexpr int D = decltype(d)::value;
