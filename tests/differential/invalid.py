@@ -23,8 +23,8 @@ ATTENTION_MUTATIONS = {
     "heads_without_gqa": ("enable_gqa", True),
     "heads_not_multiple": ("heads", True),
     "key_head_dim": ("key", True),
-    "value_length": ("value", True),
-    "value_heads": ("value", True),
+    "value_length": ("value", False),  # SDPA's CPU kernel takes a value longer than the key
+    "value_heads": ("value", False),  # SDPA's enable_gqa repeats key and value heads apart
     "key_rank": ("key", False),     # SDPA broadcasts the batch dims; ours takes none
     "key_dtype": ("key", True),
     "value_dtype": ("value", True),
@@ -108,10 +108,14 @@ def _attention_args(call: InvalidCall):
         kwargs["enable_gqa"] = True
     elif m == "key_head_dim":
         k = torch.randn(batch, heads_kv, len_kv, dim + 8, dtype=dtype)
-    elif m == "value_length":
-        v = torch.randn(batch, heads_kv, len_kv + 1, dim, dtype=dtype)
-    elif m == "value_heads":
-        v = torch.randn(batch, heads_kv + 1, len_kv, dim, dtype=dtype)
+    elif m == "value_length":  # no length-1 key, which broadcasting could explain away
+        k = torch.randn(batch, heads_kv, len_kv + 1, dim, dtype=dtype)
+        v = torch.randn(batch, heads_kv, len_kv + 2, dim, dtype=dtype)
+    elif m == "value_heads":  # 2 and 3 heads: SDPA would broadcast a single one
+        q = torch.randn(batch, 6, len_q, dim, dtype=dtype)
+        k = torch.randn(batch, 2, len_kv, dim, dtype=dtype)
+        v = torch.randn(batch, 3, len_kv, dim, dtype=dtype)
+        kwargs["enable_gqa"] = True
     elif m == "key_rank":
         k = k[0]
     elif m == "key_dtype":
