@@ -246,17 +246,18 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS, 2)
     load_chunk(0, 0);
 
     const int64_t state_offset = (int64_t(batch) * g.q.heads() + head) * STATE_ROWS * (value_dim + 1);
+    const StateRows initial{c.initial_state ? const_cast<float*>(c.initial_state) + state_offset : nullptr,
+                            value_dim + 1};
     State st;
     if (c.initial_state != nullptr) {
-        read_state(st, {const_cast<float*>(c.initial_state) + state_offset, value_dim + 1}, value_col, c);
+        read_state(st, initial, value_col, c);
     } else {
         kt::static_for<PAIR_TILES>([&](auto d) { kt::zero(st.pair[d]); });
         kt::zero(st.linear);
         st.constant = {};
     }
     if (block_tracks_z && warp == 0) {  // visible to all warps after the first chunk's barrier
-        const StateRows in{const_cast<float*>(c.initial_state) + state_offset, value_dim + 1};
-        read_normaliser(z, in, c.initial_state != nullptr, value_dim, c);
+        read_normaliser(z, initial, c.initial_state != nullptr, value_dim, c);
     }
 
     tile ones;  // A operand of the column sums (sum of v, sum of k) in the accumulator's layout
