@@ -23,17 +23,17 @@
 // mma operand. csrc/fftconv/model.py is a Python model of exactly these steps and roundings.
 //
 // Two kernels:
-//  - two factors (L <= 2048, P = 1): a block of R/16 warps (one for L = 512) owns a head; each
-//    warp owns 16-row strips of k_r and runs F1 .. G3 of its strips in registers (F1's output
-//    rows are F3's A operand as they are), then the strips meet in shared memory for the last
-//    product, which sums over k_r;
+//  - two factors (L <= 2048, P = 1): a block of R/16 warps (one for L = 512) runs a pair at a
+//    time; each warp owns 16-row strips of k_r and runs F1 .. G3 of its strips in registers (F1's
+//    output rows are F3's A operand as they are), then the strips meet in shared memory for the
+//    last product, which sums over k_r;
 //  - three factors (L = 4096, 8192; P = Q = 16): a block of 16 warps; F1 and the last product
 //    split the columns (warp = p), the steps in between split k_r (each k_r is a 16 x 16 FFT of
 //    its own), with the data in shared memory between the phases.
-// Blocks are persistent over the pairs of batches of their head (the grid splits a head's pairs
-// over several blocks when there are few heads), with the next pair's input in flight
-// (cp.async) while the current one computes; the filter's spectrum and every DFT matrix and
-// twiddle stay on chip for the block's lifetime.
+// The grid is one wave of persistent blocks, each running an equal share of the (head, pair of
+// batches) tasks in order, with the next tasks' inputs in flight (cp.async) while the current one
+// computes. A block computes its DFT matrices and twiddles once; the filter's spectrum comes
+// through a shared-memory slot that is refilled when the head changes.
 #include "fftconv/complex_tiles.cuh"
 #include "fftconv/params.h"
 
@@ -51,8 +51,10 @@ struct Args {
     T* y;
     int64_t y_stride_b, y_stride_h;
     const float* spectrum;
-    int batch, heads, seqlen, pairs;
-    int blocks_per_head, pairs_per_block;
+    int batch, heads, seqlen;
+    int pairs;           // per head: ceil(batch / 2)
+    int tasks;           // heads * pairs; task t = (head t / pairs, pair t % pairs)
+    int tasks_per_block; // block b runs tasks [b * tasks_per_block, ...) in order
 
     // Sequence (b, h) of a tensor, nullptr past the last batch (the odd one out of a pair).
     template <typename P>
@@ -61,15 +63,25 @@ struct Args {
     }
 };
 
-// The block's share: head h, pairs [first, last).
-struct Task {
-    int head, first, last;
+// The block's tasks [first, last): consecutive pairs of a head, then of the next head. A block
+// sets up its DFT matrices and twiddles once and keeps them for all of them; the filter's
+// spectrum changes with the head.
+struct Tasks {
+    int first, last;
 };
 template <typename T>
-__device__ __forceinline__ Task task_of(const Args<T>& a) {
-    const int head = blockIdx.x / a.blocks_per_head, chunk = blockIdx.x % a.blocks_per_head;
-    const int first = chunk * a.pairs_per_block;
-    return {head, first, min(first + a.pairs_per_block, a.pairs)};
+__device__ __forceinline__ Tasks tasks_of(const Args<T>& a) {
+    const int first = blockIdx.x * a.tasks_per_block;
+    return {first, min(first + a.tasks_per_block, a.tasks)};
+}
+
+// cp.async of head h's spectrum (L complex fp32, L / 2 16-byte chunks) into `slot`.
+template <int THREADS, int L, typename T>
+__device__ __forceinline__ void load_spectrum_async(float4* slot, const Args<T>& a, int h, int thread) {
+    const float4* src = reinterpret_cast<const float4*>(a.spectrum + int64_t(h) * L * 2);
+    for (int c = thread; c < L / 2; c += THREADS)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kt::shared_address(slot + c)), "l"(src + c)
+                     : "memory");
 }
 
 // acc *= postgate at the tile's elements: element (row, col) of `acc` is sequence element
@@ -119,6 +131,7 @@ struct TwoFactor {
         kt::st<T, R, Q> u[2];      // the inverse's last input (re, im), rows k_r
         kt::st<T, R, HALF> fr[2];  // F_R[:, :R/2] / sqrt(R) (re, im); F_R is symmetric
         kt::st<T, Q, Q> fq[2];     // F_Q / sqrt(Q)
+        float4 spectrum[L / 2];    // a head's spectrum (params.h's layout), two complex per float4
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
 };
@@ -133,23 +146,25 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     kt::shared_allocator alloc(smem);
     auto& s = alloc.allocate<typename C::Shared>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
-    const Task task = task_of(a);
-    const int h = task.head;
+    const Tasks tasks = tasks_of(a);
+    if (tasks.first >= tasks.last) return;
 
-    // Pair p's inputs into stage `stage`.
-    auto issue_loads = [&](int p, int stage) {
+    // Task t's inputs into stage `stage`.
+    auto issue_loads = [&](int t, int stage) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
         auto& st = s.stage[stage];
         for (int j = 0; j < 2; j++) {
-            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * p + j, h), a.seqlen,
+            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * pair + j, h), a.seqlen,
                                             a.u, thread);
             if (a.pregate != nullptr)
-                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * p + j, h),
+                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * pair + j, h),
                                                 a.seqlen, a.u, thread);
         }
     };
+    load_spectrum_async<THREADS, L>(s.spectrum, a, tasks.first / a.pairs, thread);  // with the first task's group
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
-        if (task.first + i < task.last) issue_loads(task.first + i, i);
+        if (tasks.first + i < tasks.last) issue_loads(tasks.first + i, i);
         kt::cp_async_commit();
     }
 
@@ -170,16 +185,16 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     __syncthreads();
 
     // This warp's constants, in registers for the block's lifetime: its strips of F_R (F1's A
-    // operand), F_Q (B operand of F3 and, conjugated, G3), the twiddles w_L^(k_r q) and the
-    // filter's spectrum at its strips, and the columns of F_R that the last product's A operand
-    // (transposed) needs for its output tiles.
+    // operand), F_Q (B operand of F3 and, conjugated, G3), the twiddles w_L^(k_r q) at its
+    // strips, and the columns of F_R that the last product's A operand (transposed) needs for
+    // its output tiles. The filter's spectrum at its strips is in registers too, refreshed from
+    // shared memory when the head changes.
     complex_tile<kt::rt<T, kt::TILE_DIM, HALF>> f1[STRIPS];
     complex_tile<kt::rt_fl<kt::TILE_DIM, Q>> twiddle[STRIPS], spectrum[STRIPS];
     complex_tile<kt::rt<T, Q, Q, kt::col_l>> fq;
     complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> g1[OUT_PER_WARP];
     kt::load(fq.re, s.fq[0]);
     kt::load(fq.im, s.fq[1]);
-    const float* spectrum_h = a.spectrum + int64_t(h) * L * 2;
 #pragma unroll
     for (int st = 0; st < STRIPS; st++) {
         const int strip = warp * STRIPS + st;
@@ -191,9 +206,6 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
             re = make_float2(w0.x, w1.x);
             twiddle[st].im.tiles[i][j].data[k] = make_float2(w0.y, w1.y);
-            const float4 kv = __ldg(reinterpret_cast<const float4*>(spectrum_h + (int64_t(row) * Q + col) * 2));
-            spectrum[st].re.tiles[i][j].data[k] = make_float2(kv.x, kv.z);
-            spectrum[st].im.tiles[i][j].data[k] = make_float2(kv.y, kv.w);
         });
     }
 #pragma unroll
@@ -203,16 +215,42 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         kt::load(g1[t].im, kt::subtile<R, kt::TILE_DIM>(s.fr[1], 0, out_row));
     }
 
-    for (int i = 0, p = task.first; p < task.last; i++, p++) {
+    // The spectrum slot holds the current head's spectrum until every warp has copied it to
+    // registers (after the first barrier of the head's first task), then the next head's.
+    int spectrum_head = -1;       // whose spectrum the registers hold
+    bool next_pending = false;    // the slot's next-head load is in flight
+    int groups_since_next = 0;    // cp.async groups committed after that load
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
+        const bool new_head = h != spectrum_head;
         auto& st = s.stage[i % STAGES];
-        kt::cp_async_wait<STAGES - 2>();
+        // Task t's input (and, at a new head, the slot's load, which may be among the last
+        // STAGES - 2 groups when the previous head had few tasks here).
+        if (new_head && next_pending && groups_since_next < STAGES - 2) kt::cp_async_wait<0>();
+        else kt::cp_async_wait<STAGES - 2>();
         if (a.pregate != nullptr) {
             apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
             apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
         }
-        __syncthreads();  // pair p's input visible; every warp is done with pair p - 1
-        if (p + STAGES - 1 < task.last) issue_loads(p + STAGES - 1, (i + STAGES - 1) % STAGES);
+        __syncthreads();  // task t's input visible; every warp is done with task t - 1
+        if (t + STAGES - 1 < tasks.last) issue_loads(t + STAGES - 1, (i + STAGES - 1) % STAGES);
         kt::cp_async_commit();
+        groups_since_next++;
+        if (new_head) {
+#pragma unroll
+            for (int sti = 0; sti < STRIPS; sti++) {
+                const int strip = warp * STRIPS + sti;
+                kt::for_each_pair(spectrum[sti].re, [&](int ti, int tj, int k, float2& re) {
+                    const int row = strip * kt::TILE_DIM + ti * kt::TILE_DIM + kt::rt_fl<16, Q>::row_in_base(k, 0);
+                    const int col = tj * kt::TILE_DIM + kt::rt_fl<16, Q>::col_in_base(k, 0);
+                    const float4 kv = s.spectrum[(row * Q + col) / 2];
+                    re = make_float2(kv.x, kv.z);
+                    spectrum[sti].im.tiles[ti][tj].data[k] = make_float2(kv.y, kv.w);
+                });
+            }
+            spectrum_head = h;
+            next_pending = false;
+        }
 
         complex_tile<kt::rt<T, HALF, Q, kt::col_l>> x;  // F1's B operand (K = r)
         kt::rt<T, HALF, Q, kt::col_l> x_im_neg;
@@ -246,18 +284,24 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::store(kt::subtile<kt::TILE_DIM, Q>(s.u[0], strip, 0), acc.re);
             kt::store(kt::subtile<kt::TILE_DIM, Q>(s.u[1], strip, 0), acc.im);
         }
-        __syncthreads();  // every strip of u written
+        __syncthreads();  // every strip of u written; every warp has its spectrum registers
+        if (new_head && (h + 1) * a.pairs < tasks.last) {  // the next head's spectrum into the slot
+            load_spectrum_async<THREADS, L>(s.spectrum, a, h + 1, thread);
+            kt::cp_async_commit();
+            next_pending = true;
+            groups_since_next = 0;
+        }
 
         // G1: y[r, q] = sum_k_r conj(F_R[r, k_r]) u[k_r, q], this warp's 16x16 tiles of it.
         const T* post0 = nullptr;
         const T* post1 = nullptr;
         if (a.postgate != nullptr) {
-            post0 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p, h);
-            post1 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p + 1, h);
+            post0 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * pair, h);
+            post1 = a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * pair + 1, h);
         }
 #pragma unroll
-        for (int t = 0; t < OUT_PER_WARP; t++) {
-            const int tile = warp * OUT_PER_WARP + t;
+        for (int ot = 0; ot < OUT_PER_WARP; ot++) {
+            const int tile = warp * OUT_PER_WARP + ot;
             const int tile_row = tile / (Q / kt::TILE_DIM), tile_col = tile % (Q / kt::TILE_DIM);
             complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> uu;
             kt::rt<T, R, kt::TILE_DIM, kt::col_l> uu_neg;
@@ -267,7 +311,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             complex_tile<kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
-            cmma_conj_a(acc, g1[t], uu, uu_neg);
+            cmma_conj_a(acc, g1[ot], uu, uu_neg);
             if (post0 != nullptr)
                 apply_postgate(acc, post0, post1, a.seqlen, [&](int row, int col) {
                     return (tile_row * kt::TILE_DIM + row) * Q + tile_col * kt::TILE_DIM + col;
@@ -277,7 +321,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             kt::store(kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(st.x[1], tile_row, tile_col), acc.im);
             __syncwarp();
             for (int j = 0; j < 2; j++) {
-                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * p + j, h);
+                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * pair + j, h);
                 if (out != nullptr)
                     warp_store_sequence<kt::TILE_DIM, kt::TILE_DIM>(out, a.seqlen, st.x[j], tile_row * kt::TILE_DIM,
                                                                    tile_col * kt::TILE_DIM);
@@ -303,7 +347,13 @@ struct alignas(1024) frequency_tiles {
         return uint32_t(kr) * 512 + uint32_t(p ^ (kr & 3)) * 32 +
                (uint32_t((q >> 3) ^ ((p >> 2) & 1) ^ ((kr >> 2) & 1)) << 4) + uint32_t(q & 7) * 2;
     }
-    __device__ uint32_t address(int kr, int p, int q) const { return kt::shared_address(data) + offset(kr, p, q); }
+    // Shared address of the buffer, computed anew where called (in the task loop): hoisted out
+    // of it, the compiler keeps dozens of per-lane addresses live across the loop and spills.
+    __device__ uint32_t base() const {
+        uint32_t address = kt::shared_address(data);
+        asm volatile("" : "+r"(address));
+        return address;
+    }
 };
 
 template <typename T, int R_>
@@ -316,16 +366,19 @@ struct ThreeFactor {
     // The next pair's input lands during the three phases of the current one.
     static constexpr int STAGES = 2;
     using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
+    using buffer = frequency_tiles<T, R>;
     struct Stage {
         seq_tile x[2];    // batch 2i (re), 2i + 1 (im); y staged here after F1
         seq_tile pre[2];
     };
     struct Shared {
         Stage stage[STAGES];
-        frequency_tiles<T, R> buf[2];          // re, im
+        buffer buf[2];                         // re, im
         float4 spectrum[R * PQ / 2];           // the filter's (two complex per float4), fragment order
         float4 twiddle_frag[R * Q / 2];        // w_L^(k_r q) in the fragment order of R x 16 tiles
         float4 twiddle_rows[R * Q / 2];        // the same, row-major [k_r][q]
+        float4 twiddle2[PQ / 2];               // w_256^(k_p q), fragment order of a 16 x 16 tile
+        kt::st<T, R, XR> f1[WARPS][2];         // warp p's F1 matrix (re, im), see the kernel
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
 };
@@ -342,27 +395,24 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     auto& s = alloc.allocate<typename C::Shared>();
-    const int warp = kt::warp_id(), lane = kt::lane_id(), thread = threadIdx.x;
-    const Task task = task_of(a);
-    const int h = task.head;
+    const int warp = kt::warp_id(), thread = threadIdx.x;
+    const Tasks tasks = tasks_of(a);
+    if (tasks.first >= tasks.last) return;
 
-    auto issue_loads = [&](int p, int stage) {
+    auto issue_loads = [&](int t, int stage) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
         auto& st = s.stage[stage];
         for (int j = 0; j < 2; j++) {
-            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * p + j, h), a.seqlen,
+            load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * pair + j, h), a.seqlen,
                                             a.u, thread);
             if (a.pregate != nullptr)
-                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * p + j, h),
+                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * pair + j, h),
                                                 a.seqlen, a.u, thread);
         }
     };
-    // The filter's spectrum (for the block's lifetime) in the first pair's group.
-    const float4* spectrum_h = reinterpret_cast<const float4*>(a.spectrum + int64_t(h) * L * 2);
-    for (int c = thread; c < R * PQ / 2; c += THREADS)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kt::shared_address(&s.spectrum[c])),
-                     "l"(spectrum_h + c)
-                     : "memory");
-    issue_loads(task.first, 0);
+    // The first head's spectrum, with the first task's input.
+    load_spectrum_async<THREADS, L>(s.spectrum, a, tasks.first / a.pairs, thread);
+    issue_loads(tasks.first, 0);
     kt::cp_async_commit();
 
     // R = 16: rows R/2 .. 15 of the input tiles are F1's zero padding (K = 8 padded to 16);
@@ -385,19 +435,27 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
         const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
         const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
         s.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+        if (e < PQ / 2) {
+            const float2 u0 = unit_root(row * col, PQ), u1 = unit_root(row * (col + 1), PQ);
+            s.twiddle2[e] = make_float4(u0.x, u0.y, u1.x, u1.y);
+        }
     }
 
-    // This warp's constant for F1, its A operand for its p: F_R[k_r, r] w_L^(16 k_r p) / sqrt(R)
+    // This warp's matrix for F1, its A operand for its p: F_R[k_r, r] w_L^(16 k_r p) / sqrt(R)
     // (the p part of T1 folded in), zero for the padding r >= R/2. G1 (conjugated in the
-    // product) needs the same entries, as the transpose of its A operand: a col-layout copy
-    // made per pair (movmatrix), not kept (the registers are short).
+    // product) uses the same entries as its transposed A operand. In shared memory, loaded
+    // where used: phase 2 needs the registers.
     const int pw = warp;
-    const float r_scale = rsqrtf(float(R));
-    complex_tile<kt::rt<T, R, XR>> a1;
-    fill_complex(a1, [&](int row, int col) {
-        const float2 w = unit_root(row * (PQ * col + Q * pw), L);
-        return col < HALF ? make_float2(w.x * r_scale, w.y * r_scale) : make_float2(0.f, 0.f);
-    });
+    {
+        const float r_scale = rsqrtf(float(R));
+        complex_tile<kt::rt<T, R, XR>> a1;
+        fill_complex(a1, [&](int row, int col) {
+            const float2 w = unit_root(row * (PQ * col + Q * pw), L);
+            return col < HALF ? make_float2(w.x * r_scale, w.y * r_scale) : make_float2(0.f, 0.f);
+        });
+        kt::store(s.f1[pw][0], a1.re);
+        kt::store(s.f1[pw][1], a1.im);
+    }
     // F_16 / 4 as an A operand (F2, G2) and, being symmetric, the same registers renamed as a
     // B operand (F3, G3).
     complex_tile<sub16> f16;
@@ -408,23 +466,20 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
     complex_tile<sub16_b> f16b;
     kt::transpose_sep(f16b.re, f16.re);
     kt::transpose_sep(f16b.im, f16.im);
-    complex_tile<acc16> tw2;  // w_256^(k_p q)
-    kt::for_each_pair(tw2.re, [&](int, int, int k, float2& re) {
-        const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
-        const float2 w0 = unit_root(row * col, PQ), w1 = unit_root(row * (col + 1), PQ);
-        re = make_float2(w0.x, w1.x);
-        tw2.im.tiles[0][0].data[k] = make_float2(w0.y, w1.y);
-    });
-
-    for (int i = 0, p = task.first; p < task.last; i++, p++) {
+    // The spectrum slot is read by phase 2 of every task of a head; the next head's spectrum
+    // loads into it after the last one's phase 2 and is waited for before the next phase 2.
+    bool spectrum_pending = false;
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
         auto& st = s.stage[i % C::STAGES];
-        kt::cp_async_wait<0>();
+        if (spectrum_pending) kt::cp_async_wait<1>();  // the input; the spectrum may still land
+        else kt::cp_async_wait<0>();
         if (a.pregate != nullptr) {
             apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
             apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
         }
-        __syncthreads();  // pair p's input visible; every warp is done with pair p - 1
-        if (p + 1 < task.last) issue_loads(p + 1, (i + 1) % C::STAGES);
+        __syncthreads();  // task t's input visible; every warp is done with task t - 1
+        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
         // Phase 1 (warp = p): F1 and T1 for columns (p, *) of every k_r.
@@ -434,19 +489,21 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             kt::load(x.re, kt::subtile<XR, kt::TILE_DIM>(st.x[0], 0, pw));
             kt::load(x.im, kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, pw));
             negate(x_neg, x.im);
+            complex_tile<kt::rt<T, R, XR>> a1;
+            kt::load(a1.re, s.f1[pw][0]);
+            kt::load(a1.im, s.f1[pw][1]);
             complex_tile<kt::rt_fl<R, kt::TILE_DIM>> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma(acc, a1, x, x_neg);
-            kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
-                float2& im = acc.im.tiles[ti][0].data[k];
-                const float4 w = s.twiddle_frag[(ti * 4 + k) * 32 + lane];
-                const float2 r0 = re, i0 = im;
-                re = make_float2(fmaf(r0.x, w.x, -i0.x * w.y), fmaf(r0.y, w.z, -i0.y * w.w));
-                im = make_float2(fmaf(r0.x, w.y, i0.x * w.x), fmaf(r0.y, w.w, i0.y * w.z));
-            });
-            store_to<T>(acc.re, [&](int row, int col) { return s.buf[0].address(row, pw, col); });
-            store_to<T>(acc.im, [&](int row, int col) { return s.buf[1].address(row, pw, col); });
+            cmul_fragments(acc, s.twiddle_frag);  // T1's k_r q part
+            const uint32_t re = s.buf[0].base(), im = s.buf[1].base();
+            store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, pw, col); });
+            store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, pw, col); });
+        }
+        if (spectrum_pending) {  // groups: ..., the spectrum, task t + 1's input
+            kt::cp_async_wait<1>();
+            spectrum_pending = false;
         }
         __syncthreads();
 
@@ -454,17 +511,18 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
 #pragma unroll
         for (int j = 0; j < C::KR_PER_WARP; j++) {
             const int kr = warp + WARPS * j;
-            auto at_kr = [&](int b) { return [&, b](int row, int col) { return s.buf[b].address(kr, row, col); }; };
+            const uint32_t re = s.buf[0].base(), im = s.buf[1].base();
+            auto at_kr = [&](uint32_t b) { return [&, b](int row, int col) { return b + C::buffer::offset(kr, row, col); }; };
             complex_tile<sub16_b> yb;
             sub16_b yb_neg;
-            load_from(yb.re, at_kr(0));
-            load_from(yb.im, at_kr(1));
+            load_from(yb.re, at_kr(re));
+            load_from(yb.im, at_kr(im));
             negate(yb_neg, yb.im);
             complex_tile<acc16> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma(acc, f16, yb, yb_neg);  // F2: rows k_p, cols q
-            cmul(acc, tw2);              // T2
+            cmul_fragments(acc, s.twiddle2);  // T2
             complex_tile<sub16> z;
             sub16 z_neg;
             kt::copy(z.re, acc.re);
@@ -473,20 +531,14 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma_neg_a(acc, z, z_neg, f16b);  // F3: rows k_p, cols k_q
-            kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // times the filter's spectrum
-                float2& im = acc.im.tiles[0][0].data[k];
-                const float4 kv = s.spectrum[kr * 128 + k * 32 + lane];
-                const float2 r0 = re, i0 = im;
-                re = make_float2(fmaf(r0.x, kv.x, -i0.x * kv.y), fmaf(r0.y, kv.z, -i0.y * kv.w));
-                im = make_float2(fmaf(r0.x, kv.y, i0.x * kv.x), fmaf(r0.y, kv.w, i0.y * kv.z));
-            });
+            cmul_fragments(acc, s.spectrum + kr * (PQ / 2));  // times the filter's spectrum
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
             negate(z_neg, z.re);
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma_conj_b(acc, z, z_neg, f16b);  // G3: rows k_p, cols q
-            cmul<true>(acc, tw2);              // T2*
+            cmul_fragments<true>(acc, s.twiddle2);  // T2*
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
             complex_tile<sub16_b> vb;          // G2 sums over k_p: the rows, so a B operand
@@ -505,29 +557,35 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
                 re = make_float2(fmaf(r0.x, w.x, i0.x * w.y), fmaf(r0.y, w.z, i0.y * w.w));
                 im = make_float2(fmaf(i0.x, w.x, -r0.x * w.y), fmaf(i0.y, w.z, -r0.y * w.w));
             });
-            store_to<T>(acc.re, at_kr(0));
-            store_to<T>(acc.im, at_kr(1));
+            store_to<T>(acc.re, at_kr(re));
+            store_to<T>(acc.im, at_kr(im));
         }
         __syncthreads();
+        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
+            load_spectrum_async<THREADS, L>(s.spectrum, a, h + 1, thread);
+            kt::cp_async_commit();
+            spectrum_pending = true;
+        }
 
         // Phase 3 (warp = p): G1, y[r, p, q] = sum_k_r conj(F_R[r, k_r] w_L^(16 k_r p)) u[k_r, p, q]
         // / sqrt(R) for r < R/2 (with the k_r q part of T1* applied in phase 2).
         {
             complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> ub;
             kt::rt<T, R, kt::TILE_DIM, kt::col_l> ub_neg;
-            load_from(ub.re, [&](int row, int col) { return s.buf[0].address(row, pw, col); });
-            load_from(ub.im, [&](int row, int col) { return s.buf[1].address(row, pw, col); });
+            const uint32_t re = s.buf[0].base(), im = s.buf[1].base();
+            load_from(ub.re, [&](int row, int col) { return re + C::buffer::offset(row, pw, col); });
+            load_from(ub.im, [&](int row, int col) { return im + C::buffer::offset(row, pw, col); });
             negate(ub_neg, ub.re);
             complex_tile<kt::rt<T, R, XR, kt::col_l>> g1;  // K = k_r, M = r: rows r >= R/2 of y are 0
-            kt::swap_layout(g1.re, a1.re);
-            kt::swap_layout(g1.im, a1.im);
+            kt::load(g1.re, s.f1[pw][0]);
+            kt::load(g1.im, s.f1[pw][1]);
             complex_tile<kt::rt_fl<XR, kt::TILE_DIM>> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma_conj_a(acc, g1, ub, ub_neg);
             if (a.postgate != nullptr)
-                apply_postgate(acc, a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p, h),
-                               a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * p + 1, h), a.seqlen,
+                apply_postgate(acc, a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * pair, h),
+                               a.at(a.postgate, a.post_stride_b, a.post_stride_h, 2 * pair + 1, h), a.seqlen,
                                [&](int row, int col) { return row * PQ + Q * pw + col; });
             // Staged in this stage's input tiles (free since F1) for 16-byte stores; rows >= R/2
             // are exact zeros (g1's rows there are), which R = 16 needs in its padding rows.
@@ -535,7 +593,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, pw), acc.im);
             __syncwarp();
             for (int j = 0; j < 2; j++) {
-                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * p + j, h);
+                T* out = a.at(a.y, a.y_stride_b, a.y_stride_h, 2 * pair + j, h);
                 if (out != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out, a.seqlen, st.x[j], 0, Q * pw);
             }
         }
@@ -570,17 +628,16 @@ cudaError_t launch(Kernel kernel, int threads, int smem, const ForwardParams& p,
     int blocks_per_sm = 0;
     if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
     Args<T> a = make_args<T>(p);
-    // A block sets up its constants and the head's spectrum once and then runs pairs: give each
-    // as many pairs as leaves about four waves of blocks (fewer leave idle SMs at the end, more
-    // repeat the setup), split evenly over the head's blocks.
-    const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (p.multiprocessors > 0 ? p.multiprocessors : 1);
     const int64_t tasks = int64_t(p.heads) * a.pairs;
-    const int64_t target = tasks / (4 * resident);
-    const int per_block = int(target < 1 ? 1 : target > a.pairs ? a.pairs : target);
-    a.blocks_per_head = (a.pairs + per_block - 1) / per_block;
-    a.pairs_per_block = (a.pairs + a.blocks_per_head - 1) / a.blocks_per_head;
-    const int64_t blocks = int64_t(p.heads) * a.blocks_per_head;
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    a.tasks = int(tasks);
+    // One wave of persistent blocks, each running an equal share of the tasks in order: a
+    // block's setup (DFT matrices and twiddles from sincospif, the first spectrum) costs about
+    // as much as a few tasks, so it is paid once per block.
+    const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (p.multiprocessors > 0 ? p.multiprocessors : 1);
+    const int64_t blocks_wanted = tasks < resident ? tasks : resident;
+    a.tasks_per_block = int((tasks + blocks_wanted - 1) / blocks_wanted);
+    const int blocks = int((tasks + a.tasks_per_block - 1) / a.tasks_per_block);
     kernel<<<unsigned(blocks), threads, smem, stream>>>(a);
     return cudaGetLastError();
 }
