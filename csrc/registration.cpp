@@ -5,6 +5,7 @@
 // The CUDA implementations live next to their kernels in csrc/<family>/<family>_ops.cpp.
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -41,6 +42,16 @@ TORCH_LIBRARY(tk, m) {
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
     m.def("matmul(Tensor a, Tensor b) -> Tensor");
+    // Based linear attention forward, mma.sync kernel (sm_80 and newer). q, k (B, H, N, 16), v
+    // (B, H, N, Dv) with Dv 64 or 128, bf16/fp16; scale > 0. o_i = sum_{j<=i} p(s_ij) v_j with
+    // s_ij = scale q_i.k_j and p(s) = 1 + s + s^2 / 2, divided by sum_{j<=i} p(s_ij) + eps when
+    // normalize. The state is float32 (B, H, 273, Dv + 1): sum_j phi(k_j) [v_j, 1]^T with
+    // phi(x) = [1, sqrt(scale) x, (scale / sqrt(2)) vec(x x^T)] (csrc/based/params.h);
+    // initial_state (or None) is the state the sequence continues from. Returns o (B, H, N, Dv)
+    // contiguous in q's dtype, and final_state: the state after the last row when
+    // output_final_state, else an empty tensor.
+    m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
+          "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
 }
 
 namespace {
@@ -74,6 +85,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at:
 at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_built("matmul", "matmul"); }
 #endif
 
+#ifndef TK_HAS_BASED
+std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             double, bool, double, const std::optional<at::Tensor>&,
+                                                             bool) {
+    family_not_built("based_fwd_sm80", "based");
+}
+#endif
+
 }  // namespace
 
 #ifndef TK_HAS_ATTENTION
@@ -86,5 +105,10 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_MATMUL
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("matmul", &matmul_not_built);
+}
+#endif
+#ifndef TK_HAS_BASED
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
 }
 #endif
