@@ -1,8 +1,8 @@
 """tk::fftconv_fwd_sm80 (the mma.sync causal FFT convolution) on a GPU, called as the op, against
 a float64 torch.fft reference: every kernel length, lengths in between (zero padding), both
 dtypes, with and without gates, filters shorter than the sequence, strided inputs, many batches
-and heads, persistent blocks running many pairs, unwritten output elements; and the filter
-spectrum op's layout.
+and heads, persistent blocks running many tasks across heads, unwritten output elements; and the
+filter spectrum op's layout.
 
 Tolerance. eps = 2^-8 (bf16) or 2^-11 (fp16), the spacing of the 16-bit numbers at 1. Rounding
 one tensor of these values to 16 bits costs about 0.42 eps of relative L2 error. The kernel rounds
@@ -202,11 +202,13 @@ def test_strided_inputs(n, dtype):
     assert_close(fftconv(u, k, pre, post), u, k, pre, post)
 
 
+@pytest.mark.parametrize("batch", [2, 5, 32])
 @pytest.mark.parametrize("n", KERNEL_LENGTHS)
-def test_many_pairs_per_block(n):
-    """Enough (batch, head) pairs that every block runs several, through its cp.async ring."""
-    seeded("many", n)
-    batch, heads = 32, 2048 * 256 // n
+def test_many_tasks_per_block(n, batch):
+    """Enough (head, pair) tasks that every persistent block runs many, through its cp.async
+    ring, changing heads (and the filter's spectrum) every 1, 3 or 16 tasks."""
+    seeded("many", n, batch)
+    heads = 2048 * 256 // n
     u = torch.randn(batch, heads, n, device="cuda", dtype=torch.bfloat16)
     k = make_filter(heads, n)
     pre, post = make_gates(u.shape, torch.bfloat16, "both")
