@@ -6,8 +6,8 @@ and operand layout; the kernel paths through the CPU stand-ins of the ops (the `
 and ``cpu_matmul`` fixtures: argument checks, path choice, operand preparation, autograd
 formulas and op schemas are the real code); the fake implementations under FakeTensorMode;
 torch.compile(fullgraph=True); and argument validation. Each property runs a fixed number of
-cases from a fixed seed (TK_FUZZ_PROFILE and TK_FUZZ_SEED change them), prints how many went to
-each path, and fails if a kernel path the stand-ins make available was never taken.
+cases from a fixed seed (TK_FUZZ_CPU_PROFILE and TK_FUZZ_SEED change them), prints how many
+went to each path, and fails if a kernel path the stand-ins make available was never taken.
 """
 
 import torch
@@ -18,7 +18,7 @@ from differential.attention import AttentionCase, check_case
 from differential.environment import Environment, PathCounts
 from differential.settings import SEED, profile_named
 
-PROFILE = profile_named("cpu")
+PROFILE = profile_named("TK_FUZZ_CPU_PROFILE", "cpu")
 
 
 @pytest.fixture(scope="module")

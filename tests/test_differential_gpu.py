@@ -24,7 +24,7 @@ from differential.settings import SEED, profile_named
 
 pytestmark = pytest.mark.gpu
 
-PROFILE = profile_named("gpu")
+PROFILE = profile_named("TK_FUZZ_PROFILE", "gpu")
 IN_PROCESS = os.environ.get("TK_FUZZ_IN_PROCESS", "") == "1"
 
 

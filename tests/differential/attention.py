@@ -371,7 +371,7 @@ def check_case(case: AttentionCase, env: Environment, counts: PathCounts, *, cal
     assert out.shape == case.out_shape, f"output shape {tuple(out.shape)}, expected {case.out_shape}"
     assert out.dtype == case.dtype and out.device == device, (out.dtype, out.device)
     assert _storage(out) not in {_storage(b) for b in bases}, "the output aliases an input"
-    if plan.uses_kernel:
+    if plan.uses_kernel:  # (the fallback returns SDPA's result, strided like its inputs)
         assert out.is_contiguous(), f"kernel output not contiguous: strides {out.stride()}"
     if case.dropout_p > 0:
         assert torch.isfinite(out).all(), "dropout: output not finite"

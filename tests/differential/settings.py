@@ -3,8 +3,8 @@
 A profile fixes how many cases each property runs and how large they may be. ``cpu`` is the
 short profile of the CPU suite (well under a minute), ``gpu`` the long one of the GPU check
 (thousands of cases, a few minutes on one H100), ``smoke`` a tenth of ``gpu`` for trying a
-change. TK_FUZZ_PROFILE names the profile (each test file has its default), TK_FUZZ_SEED the
-seed. Every run is reproducible: a fixed seed, no example database (nothing is written to the
+change. TK_FUZZ_PROFILE names the GPU suite's profile (default ``gpu``), TK_FUZZ_CPU_PROFILE the
+CPU suite's (default ``cpu``), TK_FUZZ_SEED the seed. Every run is reproducible: a fixed seed, no example database (nothing is written to the
 repository), no deadline; a failure is shrunk to a minimal example, which hypothesis prints.
 """
 
@@ -44,6 +44,9 @@ _GPU_EXAMPLES = {
     "attention_no_key_rows": 300,
     "attention_dropout": 50,
     "matmul": 1200,
+    # CPU-only properties, when run with this profile by hand (python -m differential)
+    "attention_validation": 100, "attention_fake": 100, "attention_compile": 10,
+    "matmul_validation": 100, "matmul_fake": 100, "matmul_compile": 10,
 }
 
 PROFILES = {
@@ -64,10 +67,11 @@ PROFILES = {
 }
 
 
-def profile_named(default: str) -> Profile:
-    name = os.environ.get("TK_FUZZ_PROFILE", "") or default
+def profile_named(variable: str, default: str) -> Profile:
+    """The profile the environment variable ``variable`` names, else ``default``."""
+    name = os.environ.get(variable, "") or default
     if name not in PROFILES:
-        raise ValueError(f"TK_FUZZ_PROFILE must be one of {sorted(PROFILES)}, got {name!r}")
+        raise ValueError(f"{variable} must be one of {sorted(PROFILES)}, got {name!r}")
     return PROFILES[name]
 
 
