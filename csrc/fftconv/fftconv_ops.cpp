@@ -99,6 +99,11 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
     TORCH_CHECK(props->major >= 8, kFwdOp, "this kernel needs an sm_80 or newer GPU, ", u.device(), " is sm_",
                 props->major, props->minor, "; thunderkittens.fftconv uses torch.fft there");
+    const int shared_bytes = fftconv_fwd_sm80_shared_bytes(static_cast<int>(fft_size), pregate.has_value());
+    TORCH_CHECK(static_cast<size_t>(shared_bytes) <= props->sharedMemPerBlockOptin, kFwdOp, "the kernel for fft_size ",
+                fft_size, pregate.has_value() ? " with a pregate" : "", " needs ", shared_bytes / 1024,
+                " KiB of shared memory per block; ", u.device(), " (sm_", props->major, props->minor, ") has ",
+                props->sharedMemPerBlockOptin / 1024, " KiB; thunderkittens.fftconv uses torch.fft there");
 
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};

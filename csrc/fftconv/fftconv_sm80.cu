@@ -123,9 +123,9 @@ struct TwoFactor {
     static constexpr int STAGES = 4;
     using seq_tile = kt::st<T, HALF, Q>;  // one sequence's N elements, rows of Q
     struct Stage {
-        seq_tile x[2];    // batch 2i (real part), 2i + 1 (imaginary part); y staged here after use
-        seq_tile pre[2];  // their pregates
+        seq_tile x[2];  // batch 2i (real part), 2i + 1 (imaginary part); y staged here after use
     };
+    using PreStages = seq_tile[STAGES][2];  // their pregates: allocated after Shared, only with one
     struct Shared {
         Stage stage[STAGES];
         kt::st<T, R, Q> u[2];      // the inverse's last input (re, im), rows k_r
@@ -134,6 +134,7 @@ struct TwoFactor {
         float4 spectrum[L / 2];    // a head's spectrum (params.h's layout), two complex per float4
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
 };
 
 template <typename T, int R, int Q, int WARPS>
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     auto& s = alloc.allocate<typename C::Shared>();
+    typename C::PreStages* pre = a.pregate != nullptr ? &alloc.allocate<typename C::PreStages>() : nullptr;
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
@@ -156,8 +158,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         for (int j = 0; j < 2; j++) {
             load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * pair + j, h), a.seqlen,
                                             a.u, thread);
-            if (a.pregate != nullptr)
-                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * pair + j, h),
+            if (pre != nullptr)
+                load_sequence_async<THREADS, N>((*pre)[stage][j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h,
+                                                                      2 * pair + j, h),
                                                 a.seqlen, a.u, thread);
         }
     };
@@ -228,9 +231,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         // STAGES - 2 groups when the previous head had few tasks here).
         if (new_head && next_pending && groups_since_next < STAGES - 2) kt::cp_async_wait<0>();
         else kt::cp_async_wait<STAGES - 2>();
-        if (a.pregate != nullptr) {
-            apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
-            apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
+        if (pre != nullptr) {
+            apply_gate<THREADS, N>(st.x[0], (*pre)[i % STAGES][0], thread);
+            apply_gate<THREADS, N>(st.x[1], (*pre)[i % STAGES][1], thread);
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + STAGES - 1 < tasks.last) issue_loads(t + STAGES - 1, (i + STAGES - 1) % STAGES);
@@ -368,19 +371,21 @@ struct ThreeFactor {
     using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
     using buffer = frequency_tiles<T, R>;
     struct Stage {
-        seq_tile x[2];    // batch 2i (re), 2i + 1 (im); y staged here after F1
-        seq_tile pre[2];
+        seq_tile x[2];  // batch 2i (re), 2i + 1 (im); y staged here after F1
     };
+    using PreStages = seq_tile[STAGES][2];  // their pregates: allocated after Shared, only with one
     struct Shared {
         Stage stage[STAGES];
-        buffer buf[2];                         // re, im
-        float4 spectrum[R * PQ / 2];           // the filter's (two complex per float4), fragment order
-        float4 twiddle_frag[R * Q / 2];        // w_L^(k_r q) in the fragment order of R x 16 tiles
-        float4 twiddle_rows[R * Q / 2];        // the same, row-major [k_r][q]
-        float4 twiddle2[PQ / 2];               // w_256^(k_p q), fragment order of a 16 x 16 tile
-        kt::st<T, R, XR> f1[WARPS][2];         // warp p's F1 matrix (re, im), see the kernel
+        buffer buf[2];                   // re, im
+        float4 spectrum[R * PQ / 2];     // the filter's (two complex per float4), fragment order
+        kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
+        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
+        float4 twiddle_rows[R * Q / 2];  // the same, row-major [k_r][q]
+        float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
+        float2 twiddle_p[R * P];         // w_L^(Q k_r p), row-major [k_r][p]
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
 };
 
 template <typename T, int R>
@@ -395,7 +400,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
     extern __shared__ char smem[];
     kt::shared_allocator alloc(smem);
     auto& s = alloc.allocate<typename C::Shared>();
-    const int warp = kt::warp_id(), thread = threadIdx.x;
+    typename C::PreStages* pre = a.pregate != nullptr ? &alloc.allocate<typename C::PreStages>() : nullptr;
+    const int warp = kt::warp_id(), lane = kt::lane_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
@@ -405,8 +411,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
         for (int j = 0; j < 2; j++) {
             load_sequence_async<THREADS, N>(st.x[j], a.at(a.u, a.u_stride_b, a.u_stride_h, 2 * pair + j, h), a.seqlen,
                                             a.u, thread);
-            if (a.pregate != nullptr)
-                load_sequence_async<THREADS, N>(st.pre[j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h, 2 * pair + j, h),
+            if (pre != nullptr)
+                load_sequence_async<THREADS, N>((*pre)[stage][j], a.at(a.pregate, a.pre_stride_b, a.pre_stride_h,
+                                                                      2 * pair + j, h),
                                                 a.seqlen, a.u, thread);
         }
     };
@@ -441,21 +448,16 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
         }
     }
 
-    // This warp's matrix for F1, its A operand for its p: F_R[k_r, r] w_L^(16 k_r p) / sqrt(R)
-    // (the p part of T1 folded in), zero for the padding r >= R/2. G1 (conjugated in the
-    // product) uses the same entries as its transposed A operand. In shared memory, loaded
-    // where used: phase 2 needs the registers.
-    const int pw = warp;
-    {
-        const float r_scale = rsqrtf(float(R));
-        complex_tile<kt::rt<T, R, XR>> a1;
-        fill_complex(a1, [&](int row, int col) {
-            const float2 w = unit_root(row * (PQ * col + Q * pw), L);
-            return col < HALF ? make_float2(w.x * r_scale, w.y * r_scale) : make_float2(0.f, 0.f);
-        });
-        kt::store(s.f1[pw][0], a1.re);
-        kt::store(s.f1[pw][1], a1.im);
+    // F1's A operand (and, transposed and conjugated, G1's), and the p part of T1.
+    const float r_scale = rsqrtf(float(R));
+    for (int e = thread; e < R * XR; e += THREADS) {
+        const int row = e / XR, col = e % XR;
+        const float2 w = unit_root(row * col, R);
+        *s.fr[0].ptr(row, col) = kt::convert<T>(col < HALF ? w.x * r_scale : 0.f);
+        *s.fr[1].ptr(row, col) = kt::convert<T>(col < HALF ? w.y * r_scale : 0.f);
     }
+    for (int e = thread; e < R * C::P; e += THREADS) s.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
+    const int pw = warp;  // this warp's p in phases 1 and 3
     // F_16 / 4 as an A operand (F2, G2) and, being symmetric, the same registers renamed as a
     // B operand (F3, G3).
     complex_tile<sub16> f16;
@@ -474,9 +476,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
         auto& st = s.stage[i % C::STAGES];
         if (spectrum_pending) kt::cp_async_wait<1>();  // the input; the spectrum may still land
         else kt::cp_async_wait<0>();
-        if (a.pregate != nullptr) {
-            apply_gate<THREADS, N>(st.x[0], st.pre[0], thread);
-            apply_gate<THREADS, N>(st.x[1], st.pre[1], thread);
+        if (pre != nullptr) {
+            apply_gate<THREADS, N>(st.x[0], (*pre)[i % C::STAGES][0], thread);
+            apply_gate<THREADS, N>(st.x[1], (*pre)[i % C::STAGES][1], thread);
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
@@ -490,13 +492,24 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             kt::load(x.im, kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, pw));
             negate(x_neg, x.im);
             complex_tile<kt::rt<T, R, XR>> a1;
-            kt::load(a1.re, s.f1[pw][0]);
-            kt::load(a1.im, s.f1[pw][1]);
+            kt::load(a1.re, s.fr[0]);
+            kt::load(a1.im, s.fr[1]);
             complex_tile<kt::rt_fl<R, kt::TILE_DIM>> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma(acc, a1, x, x_neg);
-            cmul_fragments(acc, s.twiddle_frag);  // T1's k_r q part
+            // T1 = w_L^(k_r q) w_L^(16 k_r p): the first from the fragment-order table, the second
+            // one value per row (this warp's p).
+            kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
+                float2& im = acc.im.tiles[ti][0].data[k];
+                const float2 c = s.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + pw];
+                const float4 v = s.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
+                const float2 w0 = make_float2(v.x * c.x - v.y * c.y, v.x * c.y + v.y * c.x);
+                const float2 w1 = make_float2(v.z * c.x - v.w * c.y, v.z * c.y + v.w * c.x);
+                const float2 r0 = re, i0 = im;
+                re = make_float2(fmaf(r0.x, w0.x, -i0.x * w0.y), fmaf(r0.y, w1.x, -i0.y * w1.y));
+                im = make_float2(fmaf(r0.x, w0.y, i0.x * w0.x), fmaf(r0.y, w1.y, i0.y * w1.x));
+            });
             const uint32_t re = s.buf[0].base(), im = s.buf[1].base();
             store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, pw, col); });
             store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, pw, col); });
@@ -549,13 +562,16 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             kt::zero(acc.re);
             kt::zero(acc.im);
             cmma_conj_a(acc, f16, vb, vb_neg);  // G2: rows p, cols q
-            kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1* (its k_r q part)
+            kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
                 float2& im = acc.im.tiles[0][0].data[k];
-                const int col = acc16::col_in_base(k, 0);
-                const float4 w = s.twiddle_rows[kr * (Q / 2) + col / 2];
+                const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
+                const float2 c = s.twiddle_p[kr * C::P + row];
+                const float4 v = s.twiddle_rows[kr * (Q / 2) + col / 2];
+                const float2 w0 = make_float2(v.x * c.x - v.y * c.y, v.x * c.y + v.y * c.x);
+                const float2 w1 = make_float2(v.z * c.x - v.w * c.y, v.z * c.y + v.w * c.x);
                 const float2 r0 = re, i0 = im;
-                re = make_float2(fmaf(r0.x, w.x, i0.x * w.y), fmaf(r0.y, w.z, i0.y * w.w));
-                im = make_float2(fmaf(i0.x, w.x, -r0.x * w.y), fmaf(i0.y, w.z, -r0.y * w.w));
+                re = make_float2(fmaf(r0.x, w0.x, i0.x * w0.y), fmaf(r0.y, w1.x, i0.y * w1.y));
+                im = make_float2(fmaf(i0.x, w0.x, -r0.x * w0.y), fmaf(i0.y, w1.x, -r0.y * w1.y));
             });
             store_to<T>(acc.re, at_kr(re));
             store_to<T>(acc.im, at_kr(im));
@@ -567,8 +583,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             spectrum_pending = true;
         }
 
-        // Phase 3 (warp = p): G1, y[r, p, q] = sum_k_r conj(F_R[r, k_r] w_L^(16 k_r p)) u[k_r, p, q]
-        // / sqrt(R) for r < R/2 (with the k_r q part of T1* applied in phase 2).
+        // Phase 3 (warp = p): G1, y[r, p, q] = sum_k_r conj(F_R[r, k_r]) u[k_r, p, q] / sqrt(R) for
+        // r < R/2.
         {
             complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> ub;
             kt::rt<T, R, kt::TILE_DIM, kt::col_l> ub_neg;
@@ -577,8 +593,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
             load_from(ub.im, [&](int row, int col) { return im + C::buffer::offset(row, pw, col); });
             negate(ub_neg, ub.re);
             complex_tile<kt::rt<T, R, XR, kt::col_l>> g1;  // K = k_r, M = r: rows r >= R/2 of y are 0
-            kt::load(g1.re, s.f1[pw][0]);
-            kt::load(g1.im, s.f1[pw][1]);
+            kt::load(g1.re, s.fr[0]);
+            kt::load(g1.im, s.fr[1]);
             complex_tile<kt::rt_fl<XR, kt::TILE_DIM>> acc;
             kt::zero(acc.re);
             kt::zero(acc.im);
@@ -604,6 +620,11 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------
+
+// Dynamic shared memory one block may have on sm_80 and sm_90 (A100: 163 KB; Hopper: 227 KB).
+// The three-factor kernel for L = 8192 needs more than an A100 has: there the launch fails and
+// the op reports it (sm_86/sm_89 have less still).
+constexpr int kMaxSharedBytes = 227 * 1024;
 
 template <typename T>
 Args<T> make_args(const ForwardParams& p) {
@@ -646,14 +667,30 @@ template <typename T, int R, int Q, int WARPS>
 cudaError_t launch_two_factor(const ForwardParams& p, cudaStream_t stream) {
     using C = TwoFactor<T, R, Q, WARPS>;
     static_assert(decomposition(C::L).r == R && decomposition(C::L).p == 1 && decomposition(C::L).q == Q);
-    return launch<T>(two_factor_kernel<T, R, Q, WARPS>, C::THREADS, C::shared_bytes, p, stream);
+    static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
+    const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
+    return launch<T>(two_factor_kernel<T, R, Q, WARPS>, C::THREADS, smem, p, stream);
 }
 
 template <typename T, int R>
 cudaError_t launch_three_factor(const ForwardParams& p, cudaStream_t stream) {
     using C = ThreeFactor<T, R>;
     static_assert(decomposition(C::L).r == R && decomposition(C::L).p == C::P && decomposition(C::L).q == C::Q);
-    return launch<T>(three_factor_kernel<T, R>, C::THREADS, C::shared_bytes, p, stream);
+    static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
+    const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
+    return launch<T>(three_factor_kernel<T, R>, C::THREADS, smem, p, stream);
+}
+
+// f(config) for fft_size's kernel configuration (a TwoFactor or ThreeFactor type).
+template <typename T, typename F>
+auto with_config(int fft_size, F&& f) {
+    switch (fft_size) {
+        case 512: return f(TwoFactor<T, 32, 16, 1>{});
+        case 1024: return f(TwoFactor<T, 32, 32, 2>{});
+        case 2048: return f(TwoFactor<T, 64, 32, 4>{});
+        case 4096: return f(ThreeFactor<T, 16>{});
+        default: return f(ThreeFactor<T, 32>{});
+    }
 }
 
 template <typename T>
@@ -669,6 +706,15 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate) {
+    if (decomposition(fft_size).fft_size == 0) return 0;
+    // The same for both element types (16-bit either way).
+    return with_config<kt::bf16>(fft_size, [&](auto config) {
+        using C = decltype(config);
+        return C::shared_bytes + (pregate ? C::pregate_bytes : 0);
+    });
+}
 
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream) {
     if (params.batch < 1 || params.heads < 1 || params.seqlen < 1 || params.seqlen % 8 != 0 ||

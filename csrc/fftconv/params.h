@@ -67,4 +67,9 @@ struct ForwardParams {
 // (cudaErrorInvalidValue for an fft_size without a kernel).
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream);
 
+// Dynamic shared memory (bytes) fftconv_fwd_sm80's kernel for fft_size needs per block, with or
+// without a pregate; 0 for an fft_size without a kernel. More than a device's opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) means the kernel cannot run there.
+int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
+
 }  // namespace tk::fftconv
