@@ -52,6 +52,16 @@ TORCH_LIBRARY(tk, m) {
     // output_final_state, else an empty tensor.
     m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
+    // Causal FFT convolution forward, mma.sync kernel (sm_80 and newer; csrc/fftconv/params.h):
+    // y = irfft(rfft(u * pregate, fft_size) * K, fft_size)[..., :n] * postgate with u, pregate,
+    // postgate (B, H, n) bf16/fp16 (last dim contiguous, other strides multiples of 8), n a
+    // multiple of 8 and at most fft_size / 2, fft_size in {512, 1024, 2048, 4096, 8192}, and
+    // k_spectrum = fftconv_filter_spectrum(k, fft_size). Returns y (B, H, n) contiguous in u's dtype.
+    m.def("fftconv_fwd_sm80(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size) -> Tensor");
+    // fft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32, laid out for
+    // fftconv_fwd_sm80's kernel of that size: (H, fft_size, 2). Plain ATen (any device,
+    // differentiable); a module whose filter does not change can keep it.
+    m.def("fftconv_filter_spectrum(Tensor k, int fft_size) -> Tensor");
 }
 
 namespace {
@@ -85,6 +95,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at:
 at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_built("matmul", "matmul"); }
 #endif
 
+#ifndef TK_HAS_FFTCONV
+at::Tensor fftconv_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                      const std::optional<at::Tensor>&, int64_t) {
+    family_not_built("fftconv_fwd_sm80", "fftconv");
+}
+at::Tensor fftconv_filter_spectrum_not_built(const at::Tensor&, int64_t) {
+    family_not_built("fftconv_filter_spectrum", "fftconv");
+}
+#endif
+
 #ifndef TK_HAS_BASED
 std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                              double, bool, double, const std::optional<at::Tensor>&,
@@ -110,5 +130,13 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_BASED
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
+}
+#endif
+#ifndef TK_HAS_FFTCONV
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("fftconv_fwd_sm80", &fftconv_fwd_sm80_not_built);
+}
+TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {
+    m.impl("fftconv_filter_spectrum", &fftconv_filter_spectrum_not_built);
 }
 #endif
