@@ -4,7 +4,7 @@ cleared so the caller's shell cannot change what the tests see."""
 import pytest
 import torch
 
-TK_ENV_VARS = ("TK_STRICT", "TK_ATTENTION_KERNEL")
+TK_ENV_VARS = ("TK_STRICT", "TK_ATTENTION_KERNEL", "TK_BASED_KERNEL")
 
 
 def pytest_collection_modifyitems(config, items):

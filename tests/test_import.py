@@ -52,7 +52,7 @@ def test_attention_head_dims_come_from_the_extension():
 
 def test_build_facts():
     assert tk.BUILT_ARCHS, "the extension reports no CUDA targets"
-    assert tk.BUILT_OPS <= {"attention", "matmul"}
+    assert tk.BUILT_OPS <= {"attention", "based", "fftconv", "matmul"}
     summary = tk.build_summary()
     assert ",".join(tk.BUILT_ARCHS) in summary and torch.__version__ in summary
 

@@ -5,6 +5,7 @@
     print(tk.explain(q, k, v, is_causal=True))    # which path that call takes, and why
     c = tk.matmul(a, b)                           # contract of torch.matmul (sm_90 kernel)
     print(tk.explain_matmul(a, b))                # which path that call takes, and why
+    o = tk.based(q, k, v)                         # Based linear attention (causal)
     with tk.strict():        ...                  # a fallback to PyTorch raises FallbackError
     with tk.use_kernel("sm80"): ...               # force a kernel family (or TK_ATTENTION_KERNEL)
 """
@@ -17,6 +18,8 @@ from ._attention.api import attention, explain_attention  # also registers fake 
 from ._attention.plan import AttentionPlan
 from ._matmul.api import explain_matmul, matmul
 from ._matmul.plan import MatmulPlan
+from ._based.api import based, based_step, explain_based
+from ._based.plan import BasedPlan
 
 #: ``explain(q, k, v, **kwargs)`` describes the path of ``attention(q, k, v, **kwargs)``.
 explain = explain_attention
@@ -24,6 +27,7 @@ explain = explain_attention
 __all__ = [
     "__version__", "attention", "explain", "explain_attention", "AttentionPlan",
     "matmul", "explain_matmul", "MatmulPlan",
+    "based", "based_step", "explain_based", "BasedPlan",
     "strict", "strict_enabled", "use_kernel", "kernel_choice", "FallbackError",
     "BUILT_ARCHS", "BUILT_OPS", "build_summary",
 ]

@@ -4,6 +4,7 @@ Each switch has an environment variable (read at call time) and a context manage
 over the variable while it is active):
 
   TK_ATTENTION_KERNEL = auto | sm90 | sm80   ``with thunderkittens.use_kernel("sm80"):``
+  TK_BASED_KERNEL = auto | sm80              ``with thunderkittens.use_kernel("sm80", op="based"):``
   TK_STRICT = 1 | 0                          ``with thunderkittens.strict():``
 
 The context managers keep their state in module globals, not thread-locals, because
@@ -27,6 +28,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 # _scaffold.register_families checks each op's table against it.
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
     "attention": ("sm90", "sm80"),
+    "based": ("sm80",),
 }
 
 _strict_stack: list[bool] = []
