@@ -106,7 +106,7 @@ def reference(q, k, v, scale, normalize=False, eps=1e-6, initial_state=None, wan
         s0 = initial_state.double()
         phi_q = feature_map(q, scale)
         numerator = numerator + phi_q @ s0[..., :-1]
-        denominator = denominator + phi_q @ s0[..., -1]
+        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
         state = state + s0 if want_state else None
     out = numerator / (denominator + eps)[..., None] if normalize else numerator
     return out, state
@@ -122,7 +122,7 @@ def torch_in_dtype(q, k, v, scale, normalize=False, eps=1e-6, initial_state=None
         phi_q = feature_map(q, scale)
         s0 = initial_state.to(q.dtype)
         out = out + phi_q @ s0[..., :-1]
-        denominator = denominator + phi_q @ s0[..., -1]
+        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
     return out / (denominator + eps)[..., None] if normalize else out
 
 

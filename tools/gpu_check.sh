@@ -14,6 +14,8 @@
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
 #   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
+#   TK_PYTEST_ARGS    extra arguments for pytest (default "-n 8" where pytest-xdist is installed:
+#                     the GPU tests are independent and the GPU has room for several at once)
 #   TK_CHECK_BUDGET_S seconds the whole check may take (default 570, to fit a 10-minute limit on
 #                     one command); steps are cut short or skipped so the summary still prints
 #   PYTHON            interpreter (default python3)
@@ -153,7 +155,12 @@ PYTEST_RC=0
 if want test; then
     banner "pytest"
     rm -f "$OUT/junit.xml"
-    run_step pytest 540 "$PY" -m pytest tests -q -rfEs --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
+    if [[ -z ${TK_PYTEST_ARGS+set} ]] && "$PY" -c "import xdist" 2> /dev/null; then
+        TK_PYTEST_ARGS="-n 8"
+    fi
+    # shellcheck disable=SC2086  # TK_PYTEST_ARGS is a list of words
+    run_step pytest 540 "$PY" -m pytest tests -q -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
+        > "$OUT/pytest.log" 2>&1
     PYTEST_RC=$?
 fi
 
