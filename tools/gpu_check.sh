@@ -159,8 +159,10 @@ if want test; then
         TK_PYTEST_ARGS="-n 8"
     fi
     # shellcheck disable=SC2086  # TK_PYTEST_ARGS is a list of words
-    run_step pytest 540 "$PY" -m pytest tests -q -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
-        > "$OUT/pytest.log" 2>&1
+    # -v: one line per test as it ends, so a run cut short by the time limit still names its
+    # failures (grep ' FAILED ' pytest.log).
+    run_step pytest 540 "$PY" -m pytest tests -v -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
+        -p no:benchmark > "$OUT/pytest.log" 2>&1
     PYTEST_RC=$?
 fi
 
@@ -229,6 +231,8 @@ if want test && [[ -s $OUT/pytest.log ]]; then
     # Skip reasons, grouped by pytest (-rs): on a GPU machine every skip deserves a look.
     grep -E "^SKIPPED " "$OUT/pytest.log" | head -12 | cut -c1-240
     if ((PYTEST_RC != 0)) && ! grep -qE "^(FAILED|ERROR) " "$OUT/pytest.log"; then
+        # Cut short: the failures so far, from the -v lines.
+        grep -oE " (FAILED|ERROR) tests/[^ ]*" "$OUT/pytest.log" | sort -u | head -25 | cut -c1-240
         echo "   pytest failed without a failing test; its last lines (pytest.log):"
         tail -6 "$OUT/pytest.log" | cut -c1-240 | sed 's/^/   /'
     fi
