@@ -142,3 +142,25 @@ def test_conforms_and_operand(shape, strides, offset, expected):
     given = _scaffold.operand(t)
     assert (given is t) is expected
     assert _scaffold.conforms(given) and torch.equal(given, t)
+
+
+@pytest.mark.parametrize("shape, strides, offset, dtype, expected", [
+    ((4, 9, 64), (576, 64, 1), 0, torch.bfloat16, False),    # conforms
+    ((4, 9, 64), (576, 64, 1), 3, torch.bfloat16, True),     # misaligned start
+    ((4, 9, 64), (603, 67, 1), 0, torch.bfloat16, True),     # row stride 67: a copy fixes it
+    ((4, 64, 16), (1024, 1, 64), 0, torch.bfloat16, True),   # last dim not contiguous
+    ((4, 9, 36), (360, 40, 1), 0, torch.bfloat16, False),    # rows of 40: fine
+    ((4, 9, 36), (333, 37, 1), 0, torch.bfloat16, False),    # rows of 37, but a copy's are 36
+    ((4, 9, 36), (324, 36, 1), 2, torch.bfloat16, True),     # ... a misaligned start is copied
+    ((4, 9, 64), (576, 64, 1), 2, torch.float32, True),      # float32: 8 bytes off
+    ((4, 9, 64), (576, 64, 1), 4, torch.float32, False),     # float32: 16 bytes off
+    ((4, 9, 64), (612, 68, 1), 0, torch.float32, False),     # float32 rows of 68: 272 bytes
+])
+def test_peer_needs_copy(monkeypatch, shape, strides, offset, dtype, expected):
+    extent = offset + 1 + sum((size - 1) * stride for size, stride in zip(shape, strides))
+    t = torch.as_strided(torch.randn(extent + 64, dtype=dtype), shape, strides, offset)
+    assert not _scaffold.peer_needs_copy(t)  # the CPU is not the kernels' device
+    monkeypatch.setattr(_scaffold, "KERNEL_DEVICE_TYPE", "cpu")
+    assert _scaffold.peer_needs_copy(t) is expected
+    if expected:
+        assert not _scaffold.peer_needs_copy(_scaffold.fresh_copy(t))

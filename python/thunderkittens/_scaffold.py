@@ -181,7 +181,8 @@ class Plan:
     kernel_description: str | None  # e.g. "sm80 mma.sync"
     op: str | None                  # e.g. "tk.attention_fwd_sm80"
     dtype: torch.dtype
-    copies: tuple[str, ...] = ()    # inputs that get a .contiguous() copy on the kernel path
+    # Inputs that get one fresh contiguous copy: for the kernel, or on the fallback for the peer.
+    copies: tuple[str, ...] = ()
     strict: bool                    # strict mode: a fallback would raise FallbackError
 
     def details(self) -> list[str]:
@@ -191,6 +192,8 @@ class Plan:
     def __str__(self) -> str:
         if not self.uses_kernel:
             text = f"fallback {self.fallback}: {self.reason}"
+            if self.copies:
+                text += f" (copies {', '.join(self.copies)} with .contiguous() for {self.fallback})"
             return text + (f" (strict mode: {self.function} raises FallbackError)" if self.strict else "")
         parts = [f"kernel {self.op} [{self.kernel_description}]",
                  DTYPE_NAMES.get(self.dtype, str(self.dtype)), *self.details()]
@@ -233,8 +236,9 @@ def conforms(t: torch.Tensor) -> bool:
     matter: the C++ side replaces them with well-formed values)."""
     if t.stride(-1) != 1:
         return False
+    per_16_bytes = max(1, 16 // t.element_size())
     for dim in range(t.dim() - 1):
-        if t.shape[dim] != 1 and t.stride(dim) % ELEMENTS_PER_16_BYTES != 0:
+        if t.shape[dim] != 1 and t.stride(dim) % per_16_bytes != 0:
             return False
     return is_aligned(t)
 
@@ -248,3 +252,23 @@ def fresh_copy(t: torch.Tensor) -> torch.Tensor:
 def operand(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself if a kernel can read it in place (conforms), else a fresh contiguous copy."""
     return t if conforms(t) else fresh_copy(t)
+
+
+# A fallback hands the call to PyTorch's own function, whose fused CUDA kernels load 16 bytes at
+# a time too but do not all check the layout: SDPA (torch 2.11, H200) returned garbage for views
+# 8 bytes off a 16-byte boundary and faulted with "misaligned address" on others. On the
+# kernels' device a fallback therefore gets the layout the kernels read (conforms) wherever one
+# copy gives it.
+
+
+def peer_needs_copy(t: torch.Tensor) -> bool:
+    """Whether the fallback hands PyTorch a fresh contiguous copy of ``t`` rather than ``t``:
+    on the kernels' device, when ``t`` does not conform and its copy would, or when its data is
+    not 16-byte aligned or its last dim not contiguous. (A last dim whose bytes are not a
+    multiple of 16 gives unaligned strides even contiguous: PyTorch's fused kernels pad such
+    tensors into a new allocation themselves, or leave them to its math path.)"""
+    if t.device.type != KERNEL_DEVICE_TYPE or t.dim() == 0 or conforms(t):
+        return False
+    if (t.shape[-1] * t.element_size()) % 16 == 0:
+        return True
+    return (t.stride(-1) != 1 and t.shape[-1] != 1) or not is_aligned(t)

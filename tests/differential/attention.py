@@ -334,6 +334,17 @@ def yardstick(case, bases, make, mask, grad_out, empty, ref, ref_grads):
 
 # ---- one case ------------------------------------------------------------------------------------
 
+def fallback_copies(case: AttentionCase) -> tuple[str, ...]:
+    """The operands the fallback hands SDPA as copies on the kernels' device: those that start
+    off a 16-byte boundary or have a strided last dim (the suite's head dims are multiples of 8,
+    so a contiguous copy fixes both; its masks are fresh, expanded or of rows a copy would not
+    align)."""
+    if isinstance(case.layout, str):
+        return ("query", "key", "value") if layouts.misaligned(case.layout, case.dtype) else ()
+    return tuple(name for name, layout in zip(("query", "key", "value"), case.layout)
+                 if layouts.misaligned(layout, case.dtype) or layout == "strided_dim")
+
+
 def _storage(t):
     return t.untyped_storage().data_ptr()
 
@@ -364,6 +375,9 @@ def check_case(case: AttentionCase, env: Environment, counts: PathCounts, *, cal
         mask=case.mask, dropout_p=case.dropout_p, scale=case.scale,
         needs_grad=case.needs_grad) or "fallback"
     assert path == expected, f"path {path} ({plan}), but the contract says {expected}"
+    if not plan.uses_kernel and env.kernel_device:
+        copies = fallback_copies(case)
+        assert plan.copies == copies, f"the fallback should copy {copies} for SDPA: {plan}"
     counts.add(path + ("+backward" if case.needs_grad else ""))
 
     out = _run(case, env, device, plan, q, k, v, kwargs, grad_out, call, stand_in)

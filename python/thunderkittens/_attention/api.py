@@ -31,12 +31,16 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     ``torch.nn.attention.bias.causal_upper_left(Lq, Lk)`` (the same mask) or
     ``causal_lower_right(Lq, Lk)`` (query i sees keys j <= i + Lk - Lq), both on the kernel for
     any lengths. With Lq > Lk, lower-right query rows i < Lq - Lk see no key: their output
-    rows (and gradients) are 0, as with SDPA's math backend and FlashAttention. With
+    rows are 0 and their gradients 0, on every path (as with FlashAttention; the SDPA fallback
+    runs SDPA on the other rows only, where SDPA's fused backends would give NaN). With
     enable_gqa, key/value are used with their own head count (no repeated copies).
 
     Inputs whose layout the kernel cannot read directly (last dim not contiguous, other strides
-    not multiples of 8 elements, data not 16-byte aligned) are copied once with .contiguous().
-    The result is a new contiguous tensor.
+    not multiples of 16 bytes, data not 16-byte aligned) are copied once with .contiguous().
+    On the SDPA fallback on a GPU, such inputs (and attn_mask) are copied once too where the
+    copy is aligned, since SDPA's fused kernels misread some of them; gradients flow back
+    through the copies. The result is a new tensor: contiguous from the kernels, strided as
+    SDPA makes it on the fallback.
     """
     family, reason, attn_mask, is_causal, lower_right = plan.decide(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -52,16 +56,28 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """The fallback: F.scaled_dot_product_attention. For a scale <= 0 it is pinned to the math
-    backend: the fused backends take the running max of unscaled scores, which is only right
-    for a positive scale (on an H200 with torch 2.11 they returned NaN for scale=-0.125)."""
-    call = lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,  # noqa: E731
-                                                  dropout_p=dropout_p, is_causal=is_causal,
-                                                  scale=scale, enable_gqa=enable_gqa)
+    """The fallback: F.scaled_dot_product_attention, as plan.fallback_call says (copies of
+    operands SDPA's fused kernels may misread; lower-right rows that see no key as zeros). For a
+    scale <= 0 it is pinned to the math backend: the fused backends take the running max of
+    unscaled scores, which is only right for a positive scale (on an H200 with torch 2.11 they
+    returned NaN for scale=-0.125)."""
+    call = plan.fallback_call(query, key, value, attn_mask, is_causal)
+    hidden = call.hidden_rows
+    operands = {"query": query[..., hidden:, :] if hidden else query, "key": key, "value": value,
+                "attn_mask": call.attn_mask}
+    for name in call.copies:
+        operands[name] = _scaffold.fresh_copy(operands[name])
+    run = lambda: F.scaled_dot_product_attention(  # noqa: E731
+        operands["query"], operands["key"], operands["value"], attn_mask=operands["attn_mask"],
+        dropout_p=dropout_p, is_causal=call.is_causal, scale=scale, enable_gqa=enable_gqa)
     if scale is not None and scale <= 0 and query.device.type == "cuda":
         with sdpa_kernel(SDPBackend.MATH):
-            return call()
-    return call()
+            out = run()
+    else:
+        out = run()
+    if hidden:
+        out = torch.cat([out.new_zeros(out.shape[:-2] + (hidden, out.shape[-1])), out], dim=-2)
+    return out
 
 
 def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

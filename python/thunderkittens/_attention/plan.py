@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from .. import _config, _scaffold
 from .._extension import ATTENTION_HEAD_DIMS
@@ -213,13 +214,51 @@ def _read_in_place(t: torch.Tensor) -> bool:
     return _scaffold.conforms(t4)
 
 
+# ---- the fallback --------------------------------------------------------------------------
+# SDPA computes the calls the kernels do not take, with two changes to what the caller wrote:
+#  * on the kernels' device an operand whose layout SDPA's fused kernels may misread gets one
+#    fresh contiguous copy first (_scaffold.peer_needs_copy); autograd takes the gradient back
+#    through the copy to the caller's tensor;
+#  * causal_lower_right with Lq > Lk: the first Lq - Lk query rows see no key. SDPA's fused
+#    backends return NaN there (and NaN gradients); SDPA runs on the last Lk query rows only,
+#    for which the mask is plain is_causal on a square problem, and zero rows go in front: 0 out
+#    and 0 gradients, the kernels' answer.
+
+
+class Fallback(NamedTuple):
+    """How the fallback calls SDPA."""
+
+    hidden_rows: int        # leading query rows that see no key: 0 in the result, not computed
+    attn_mask: object
+    is_causal: bool
+    copies: tuple[str, ...]  # operands handed to SDPA as fresh contiguous copies
+
+
+def fallback_call(query, key, value, attn_mask, is_causal) -> Fallback:
+    """The SDPA call for the fallback of a call whose (checked) arguments these are."""
+    if query.is_nested or key.is_nested or value.is_nested:
+        return Fallback(0, attn_mask, is_causal, ())
+    hidden = 0
+    if (isinstance(attn_mask, CausalBias) and attn_mask.variant == CausalVariant.LOWER_RIGHT
+            and query.shape[-2] > key.shape[-2]):
+        hidden = query.shape[-2] - key.shape[-2]
+        attn_mask, is_causal = None, True
+    operands = [("query", query[..., hidden:, :] if hidden else query), ("key", key),
+                ("value", value)]
+    if isinstance(attn_mask, torch.Tensor):
+        operands.append(("attn_mask", attn_mask))
+    copies = tuple(name for name, t in operands if _scaffold.peer_needs_copy(t))
+    return Fallback(hidden, attn_mask, is_causal, copies)
+
+
 def explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> AttentionPlan:
     decision = decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     family = decision.family
-    copies = ()
     if family is not None:
         copies = tuple(name for name, t in (("query", query), ("key", key), ("value", value))
                        if not _read_in_place(t))
+    else:
+        copies = fallback_call(query, key, value, decision.attn_mask, decision.is_causal).copies
     nested = query.is_nested or key.is_nested or value.is_nested
     gqa = 1 if nested else max(1, query.shape[-3] // key.shape[-3])
     backward_op = (f"tk.{family.backward_op_name}"
