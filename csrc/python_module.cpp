@@ -8,6 +8,9 @@
 #include <Python.h>
 
 #include "attention/head_dims.h"
+#ifdef TK_HAS_FFTCONV
+#include "fftconv/params.h"
+#endif
 
 #ifndef TK_BUILD_ARCHS
 #define TK_BUILD_ARCHS ""
@@ -70,6 +73,31 @@ PyObject* attention_head_dims() {
     return dims;
 }
 
+// {fft_size: (bytes, bytes with a pregate)}: the dynamic shared memory each FFT-conv kernel needs
+// per block (more than a GPU's opt-in limit: it cannot run there); empty without that family.
+PyObject* fftconv_shared_bytes() {
+    PyObject* sizes = PyDict_New();
+    if (sizes == nullptr) return nullptr;
+#ifdef TK_HAS_FFTCONV
+    for (int fft_size = 512; fft_size <= (1 << 20); fft_size *= 2) {
+        const int plain = tk::fftconv::fftconv_fwd_sm80_shared_bytes(fft_size, false);
+        if (plain == 0) continue;
+        const int gated = tk::fftconv::fftconv_fwd_sm80_shared_bytes(fft_size, true);
+        PyObject* key = PyLong_FromLong(fft_size);
+        PyObject* value = Py_BuildValue("(ii)", plain, gated);
+        if (key == nullptr || value == nullptr || PyDict_SetItem(sizes, key, value) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            Py_DECREF(sizes);
+            return nullptr;
+        }
+        Py_DECREF(key);
+        Py_DECREF(value);
+    }
+#endif
+    return sizes;
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit__C(void) {
@@ -86,6 +114,12 @@ PyMODINIT_FUNC PyInit__C(void) {
     PyObject* head_dims = attention_head_dims();
     if (head_dims == nullptr || PyModule_AddObject(module, "attention_head_dims", head_dims) < 0) {
         Py_XDECREF(head_dims);  // PyModule_AddObject steals the reference only on success
+        Py_DECREF(module);
+        return nullptr;
+    }
+    PyObject* fft_bytes = fftconv_shared_bytes();
+    if (fft_bytes == nullptr || PyModule_AddObject(module, "fftconv_shared_bytes", fft_bytes) < 0) {
+        Py_XDECREF(fft_bytes);
         Py_DECREF(module);
         return nullptr;
     }

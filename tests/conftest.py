@@ -1,10 +1,37 @@
 """Shared test setup: GPU tests skip cleanly without CUDA, and the tk environment switches are
-cleared so the caller's shell cannot change what the tests see."""
+cleared so the caller's shell cannot change what the tests see.
+
+TK_TEST_PRETEND_ARCHS (e.g. "80", or "80,89"): the tests see a build for those CUDA targets
+instead of this one's (tk.BUILT_ARCHS and the path choice), so a CPU machine can check that the
+CPU suite passes whatever targets a user built for (test_build_targets_cpu.py does).
+"""
+
+import os
 
 import pytest
 import torch
 
-TK_ENV_VARS = ("TK_STRICT", "TK_ATTENTION_KERNEL", "TK_BASED_KERNEL")
+TK_ENV_VARS = ("TK_STRICT", "TK_ATTENTION_KERNEL", "TK_BASED_KERNEL", "TK_FFTCONV_KERNEL")
+
+
+def pytest_configure(config):
+    archs = os.environ.get("TK_TEST_PRETEND_ARCHS", "")
+    if archs:
+        import thunderkittens
+        from thunderkittens import _extension
+        names = tuple(name for name in archs.split(",") if name)
+        _extension.BUILT_ARCHS = thunderkittens.BUILT_ARCHS = names
+        _extension._TARGETS = tuple(_extension._parse_target(name) for name in names)
+        try:
+            from thunderkittens import _build_info
+            _build_info.CUDA_ARCHS = names
+        except ImportError:
+            pass
+
+
+def pytest_report_header(config):
+    archs = os.environ.get("TK_TEST_PRETEND_ARCHS", "")
+    return f"TK_TEST_PRETEND_ARCHS={archs}: the tests see a build for these targets" if archs else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,7 +64,8 @@ class AttentionStandIn:
     Registered as the CPU implementation of tk::attention_fwd_sm80 and tk::attention_fwd_sm90
     (the two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
     tk::attention_bwd_sm90, while the ``cpu_kernel`` fixture is active, with the path choice
-    told that the CPU is an sm_90 GPU (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
+    told that the CPU is an sm_90 GPU and the build has sm_90a code and the attention family,
+    whatever this build's targets (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
     Everything else is the real code: argument checks, path choice, operand preparation, the op schema, the fake
     implementation and torch.compile tracing. Calls are recorded so tests can check what the
     kernel would have been given (layouts, head counts, copies, the causal flags).
@@ -116,6 +144,15 @@ def deterministic():
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def pretend_sm90_build(monkeypatch, op):
+    """Make the path choice see a build with sm_90a code and the ``op`` family, whatever this
+    build's targets (an A100 user's TK_CUDA_ARCHS=80 build runs the CPU suite too)."""
+    from thunderkittens import _extension
+    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {op})
+    if not _extension.has_arch_specific_code_for((9, 0)):
+        monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((9, 0, "a", False),))
+
+
 @pytest.fixture
 def cpu_kernel(monkeypatch):
     standin = AttentionStandIn(monkeypatch)
@@ -124,6 +161,7 @@ def cpu_kernel(monkeypatch):
     library.impl("attention_fwd_sm80", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
     library.impl("attention_bwd_sm90", standin.backward, "CPU")
+    pretend_sm90_build(monkeypatch, "attention")
     standin.set_capability((9, 0))
     try:
         yield standin
@@ -166,12 +204,10 @@ class MatmulStandIn:
 
 @pytest.fixture
 def cpu_matmul(monkeypatch):
-    from thunderkittens import _extension
     standin = MatmulStandIn(monkeypatch)
     library = torch.library.Library("tk", "IMPL")
     library.impl("matmul", standin, "CPU")
-    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {"matmul"})
-    monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((9, 0, "a", False),))
+    pretend_sm90_build(monkeypatch, "matmul")
     standin.set_capability((9, 0))
     try:
         yield standin

@@ -6,6 +6,7 @@
     c = tk.matmul(a, b)                           # contract of torch.matmul (sm_90 kernel)
     print(tk.explain_matmul(a, b))                # which path that call takes, and why
     o = tk.based(q, k, v)                         # Based linear attention (causal)
+    y = tk.fftconv(u, k)                          # causal long convolution via the FFT
     with tk.strict():        ...                  # a fallback to PyTorch raises FallbackError
     with tk.use_kernel("sm80"): ...               # force a kernel family (or TK_ATTENTION_KERNEL)
 """
@@ -20,6 +21,8 @@ from ._matmul.api import explain_matmul, matmul
 from ._matmul.plan import MatmulPlan
 from ._based.api import based, based_step, explain_based
 from ._based.plan import BasedPlan
+from ._fftconv.api import FFTConv, explain_fftconv, fftconv
+from ._fftconv.plan import FFTConvPlan
 
 #: ``explain(q, k, v, **kwargs)`` describes the path of ``attention(q, k, v, **kwargs)``.
 explain = explain_attention
@@ -28,6 +31,7 @@ __all__ = [
     "__version__", "attention", "explain", "explain_attention", "AttentionPlan",
     "matmul", "explain_matmul", "MatmulPlan",
     "based", "based_step", "explain_based", "BasedPlan",
+    "fftconv", "FFTConv", "explain_fftconv", "FFTConvPlan",
     "strict", "strict_enabled", "use_kernel", "kernel_choice", "FallbackError",
     "BUILT_ARCHS", "BUILT_OPS", "build_summary",
 ]

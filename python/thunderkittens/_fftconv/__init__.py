@@ -1,0 +1,1 @@
+"""FFT convolution: argument checks, path choice, the kernel ops and the torch.fft reference."""

@@ -1,0 +1,103 @@
+"""thunderkittens.fftconv, FFTConv and explain_fftconv."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _scaffold
+from . import plan, reference
+from .checks import check_arguments
+from .ops import FORWARD, SPECTRUM, fftconv_op
+from .plan import FFTConvPlan
+
+
+def _padded(t: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    if t is None:
+        return None
+    pad = length - t.shape[-1]
+    return _scaffold.operand(F.pad(t, (0, pad)) if pad else t)
+
+
+def _padded_length(n: int) -> int:
+    return -(-n // plan.LENGTH_MULTIPLE) * plan.LENGTH_MULTIPLE
+
+
+def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = None,
+            postgate: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal long convolution through the FFT, with optional gates (as in H3 / Hyena)::
+
+        y = irfft(rfft(u * pregate, 2N) * rfft(k, 2N), 2N)[..., :N] * postgate
+
+    i.e. y[b, h, n] = postgate[b, h, n] * sum_{m <= n} k[h, n - m] u[b, h, m] pregate[b, h, m].
+    u (B, H, N); k (H, Nk) with 1 <= Nk <= N (a shorter filter is zero-padded), any float
+    dtype; the gates (B, H, N) in u's dtype. The result has u's dtype and shape.
+
+    Runs our tensor-core kernel (sm_80 or newer GPUs, Hopper included) for bfloat16/float16 u
+    with N up to the longest kernel (see thunderkittens.explain_fftconv), zero-padding N up to
+    the next kernel length inside the op; float32/float64 u, longer N and CPU tensors are
+    computed with torch.fft in float32 (float64 for float64). Gradients of u, k and both gates
+    flow on both paths: on the kernel path the gradient of u runs on the kernel (a correlation
+    is a convolution backwards in time), the filter's gradient on torch.fft.
+    """
+    check_arguments(u, k, pregate, postgate)
+    family, fft_size, reason = plan.decide(u, k, pregate, postgate)
+    if family is None:
+        _scaffold.fallback_or_raise(FFTConvPlan, reason)
+        return reference.causal_conv(u, k, pregate, postgate)
+    n = u.shape[-1]
+    length = _padded_length(n)
+    y = fftconv_op(_padded(u, length), k, _padded(pregate, length), _padded(postgate, length), fft_size)
+    return y[..., :n] if length != n else y
+
+
+def explain_fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = None,
+                    postgate: torch.Tensor | None = None) -> FFTConvPlan:
+    """Which path ``fftconv`` would take for these arguments, and why; ``str()`` of the result
+    is one line, e.g. ``kernel tk.fftconv_fwd_sm80 [sm80 mma.sync] bf16 n=1000 fft=2048`` or
+    ``fallback torch.fft: dtype torch.float32 is not supported by the kernel (bfloat16 and
+    float16 only)``. Raises the same argument errors as ``fftconv``; does not run anything."""
+    check_arguments(u, k, pregate, postgate)
+    copies = tuple(name for name, t in (("u", u), ("pregate", pregate), ("postgate", postgate))
+                   if t is not None and t.shape[-1] % plan.LENGTH_MULTIPLE == 0 and not _scaffold.conforms(t))
+    return plan.explain(u, k, pregate, postgate, copies)
+
+
+class FFTConv(torch.nn.Module):
+    """``tk.FFTConv(seqlen)(u, k, pregate=None, postgate=None)``: tk.fftconv for sequences of up
+    to ``seqlen``, as a module (the shape FlashFFTConv users know). In inference (no gradient
+    needed), the filter's spectrum is cached and reused while ``k`` is the same tensor and has
+    not been modified in place (its version counter), so a fixed filter is transformed once."""
+
+    def __init__(self, seqlen: int):
+        super().__init__()
+        if not isinstance(seqlen, int) or isinstance(seqlen, bool) or seqlen < 1:
+            raise ValueError(f"tk.FFTConv: seqlen must be a positive int, got {seqlen!r}")
+        self.seqlen = seqlen
+        self._cached_key = None
+        self._cached_spectrum = None
+
+    def forward(self, u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = None,
+                postgate: torch.Tensor | None = None) -> torch.Tensor:
+        check_arguments(u, k, pregate, postgate)
+        if u.shape[-1] > self.seqlen:
+            raise ValueError(f"tk.FFTConv: u's length {u.shape[-1]} exceeds seqlen {self.seqlen}")
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (u, k, pregate, postgate))
+        if needs_grad or torch.compiler.is_compiling():
+            return fftconv(u, k, pregate, postgate)
+        family, fft_size, reason = plan.decide(u, k, pregate, postgate)
+        if family is None:
+            return fftconv(u, k, pregate, postgate)
+        key = (k.data_ptr(), k._version, tuple(k.shape), k.dtype, k.device, fft_size)
+        if key != self._cached_key:
+            self._cached_spectrum = SPECTRUM(k.float(), fft_size)
+            self._cached_key = key
+        n = u.shape[-1]
+        length = _padded_length(n)
+        y = FORWARD(_padded(u, length), self._cached_spectrum, _padded(pregate, length),
+                    _padded(postgate, length), fft_size)
+        return y[..., :n] if length != n else y
+
+    def extra_repr(self) -> str:
+        return f"seqlen={self.seqlen}"

@@ -1,0 +1,92 @@
+"""Which path an FFT convolution takes: the kernel (and its FFT size), or torch.fft (and why);
+and the FFTConvPlan that explain_fftconv() returns.
+
+The kernels take u in bfloat16/float16 of length N up to the largest kernel size (the causal
+FFT has twice that length), zero-padding N up to the next kernel size (a causal convolution's
+first N outputs do not see the padding). Every decision reads only shapes, dtypes, devices and
+configuration, never tensor data (see _scaffold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import _config, _scaffold
+from .._extension import FFTCONV_SHARED_BYTES
+from .._scaffold import KernelFamily, Plan
+
+SM80 = KernelFamily(op="fftconv", name="sm80", description="sm80 mma.sync",
+                    op_name="fftconv_fwd_sm80", min_capability=(8, 0))
+FAMILIES: tuple[KernelFamily, ...] = (SM80,)
+BY_NAME = _scaffold.register_families(*FAMILIES)
+
+#: The lengths N with a kernel (its FFT has 2N points); other N are padded up to the next one.
+KERNEL_LENGTHS = tuple(sorted(size // 2 for size in FFTCONV_SHARED_BYTES))
+#: The kernels read and write u in 16-byte pieces: its length is padded to a multiple of 8.
+LENGTH_MULTIPLE = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class FFTConvPlan(Plan):
+    """What thunderkittens.explain_fftconv() returns: the path an fftconv call would take."""
+
+    function = "tk.fftconv"
+    fallback = "torch.fft"
+
+    length: int
+    fft_size: int | None            # the kernel's FFT length (twice its kernel length)
+    gates: str                      # "", "pregate", "postgate" or "pregate+postgate"
+
+    def details(self) -> list[str]:
+        parts = [f"n={self.length}", f"fft={self.fft_size}"]
+        if self.gates:
+            parts.append(self.gates)
+        return parts
+
+
+def kernel_length(length: int) -> int | None:
+    for size in KERNEL_LENGTHS:
+        if size >= length:
+            return size
+    return None
+
+
+@torch.compiler.assume_constant_result
+def _shared_memory_optin(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, str | None]:
+    """(family, fft_size, None) for the kernel path, (None, None, reason) for torch.fft. The
+    arguments have passed checks.check_arguments."""
+    reason = _scaffold.unsupported_input_reason("fftconv", u)
+    if reason is not None:
+        return None, None, reason
+    family, reason = _scaffold.choose_family("fftconv", u.device)
+    if family is None:
+        return None, None, reason
+    length = kernel_length(u.shape[-1])
+    if length is None:
+        return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, "
+                            f"{KERNEL_LENGTHS[-1]}")
+    fft_size = 2 * length
+    needed = FFTCONV_SHARED_BYTES[fft_size][pregate is not None]
+    available = _shared_memory_optin(u.device.index)
+    if needed > available:
+        return None, None, (f"{_scaffold.forced_prefix(family)}the kernel for length {length}"
+                            f"{' with a pregate' if pregate is not None else ''} needs {needed} bytes "
+                            f"of shared memory per block, this GPU has {available}")
+    return family, fft_size, None
+
+
+def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
+    family, fft_size, reason = decide(u, k, pregate, postgate)
+    gates = "+".join(name for name, gate in (("pregate", pregate), ("postgate", postgate)) if gate is not None)
+    return FFTConvPlan(uses_kernel=family is not None, reason=reason,
+                       kernel=family.name if family else None,
+                       kernel_description=family.description if family else None,
+                       op=f"tk.{family.op_name}" if family else None, dtype=u.dtype,
+                       copies=copies if family else (), strict=_config.strict_enabled(),
+                       length=int(u.shape[-1]), fft_size=fft_size, gates=gates)
