@@ -91,9 +91,11 @@ class Environment:
     @classmethod
     def cpu(cls, stand_ins: bool = False, *, matmul_stand_in: bool = False) -> "Environment":
         """The CPU; with ``stand_ins`` (the cpu_kernel fixture) the attention path choice sees an
-        sm_90 GPU with this build's targets, with ``matmul_stand_in`` (the cpu_matmul fixture)
-        the matmul path choice sees an sm_90 GPU with a 90a build that has the matmul family."""
+        sm_90 GPU with a 90a build that has the attention family, with ``matmul_stand_in`` (the
+        cpu_matmul fixture) the same with the matmul family (conftest.pretend_sm90_build)."""
         archs, ops = tuple(tk.BUILT_ARCHS), frozenset(tk.BUILT_OPS)
+        if stand_ins:
+            archs, ops = archs + ("90a",), ops | {"attention"}
         if matmul_stand_in:
             archs, ops = archs + ("90a",), ops | {"matmul"}
         return cls(device_type="cpu", kernel_device=stand_ins or matmul_stand_in,
