@@ -214,3 +214,27 @@ def cpu_matmul(monkeypatch):
     finally:
         library._destroy()
         torch._dynamo.reset()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """With TK_TOLERANCE_LOG (tests/differential/tolerance.py): the worst margins, per quantity."""
+    import json
+    path = os.environ.get("TK_TOLERANCE_LOG")
+    if not path or not os.path.exists(path):
+        return
+    worst = {}
+    with open(path) as log:
+        for line in log:
+            entry = json.loads(line)
+            key = (entry["what"].split(" of ")[0], entry.get("dtype"))
+            ratio = entry["err"] / entry["bound"] if entry["bound"] else 0.0
+            if entry.get("rel_bound"):
+                ratio = max(ratio, entry["rel"] / entry["rel_bound"])
+            if key not in worst or ratio > worst[key][0]:
+                worst[key] = (ratio, entry)
+    terminalreporter.section("tolerance margins (error / bound, worst per quantity)")
+    for (what, dtype), (ratio, entry) in sorted(worst.items(), key=lambda item: -item[1][0]):
+        terminalreporter.write_line(
+            f"{ratio:6.3f}  {what} {dtype or ''}: max abs {entry['err']:.3e} (bound "
+            f"{entry['bound']:.3e}), rel L2 {entry['rel'] or 0:.3e} (bound "
+            f"{entry['rel_bound'] or 0:.3e})  {entry['test']}")

@@ -15,9 +15,15 @@ contiguous copies of the same values: the yardstick):
 
 The yardstick must itself be sane (relative L2 error below YARDSTICK_LIMIT), or the rule would
 be no rule: an insane one is reported as such.
+
+TK_TOLERANCE_LOG=PATH appends one JSON line per comparison to PATH (the test, what was compared,
+our error, the bound, and the same for the relative L2 error): what the margins really are.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import torch
 
@@ -93,11 +99,25 @@ def assert_close(what: str, out: torch.Tensor, ref: torch.Tensor, theirs: torch.
     if rel_theirs > YARDSTICK_LIMIT:
         raise YardstickError(f"{what}: PyTorch's own answer has relative L2 error {rel_theirs:.3e} "
                              "against the float64 reference: not a usable yardstick")
+    rel_bound = ERROR_FACTOR * rel_theirs + REL_SLACK
+    record(what, err, bound, rel, rel_bound, dtype)
     assert err <= bound, (f"{what}: max abs error {err:.3e} > {ERROR_FACTOR:g} x PyTorch's "
                           f"{err_theirs:.3e} + slack (bound {bound:.3e})")
-    rel_bound = ERROR_FACTOR * rel_theirs + REL_SLACK
     assert rel <= rel_bound, (f"{what}: relative L2 error {rel:.3e} > {ERROR_FACTOR:g} x "
                               f"PyTorch's {rel_theirs:.3e} + {REL_SLACK:g}")
+
+
+def record(what: str, err: float, bound: float, rel: float | None = None,
+           rel_bound: float | None = None, dtype: torch.dtype | None = None) -> None:
+    """Appends the comparison to TK_TOLERANCE_LOG, if set (see the module docstring)."""
+    path = os.environ.get("TK_TOLERANCE_LOG")
+    if not path:
+        return
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").removesuffix(" (call)"),
+            "what": what, "dtype": str(dtype).removeprefix("torch.") if dtype else None,
+            "err": err, "bound": bound, "rel": rel, "rel_bound": rel_bound}
+    with open(path, "a") as log:
+        log.write(json.dumps(line) + "\n")
 
 
 def untouched(bases, make) -> list[torch.Tensor]:
