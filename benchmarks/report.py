@@ -2,8 +2,9 @@
 
 Results file (JSON): {"device", "torch", "torch_cuda", "thunderkittens", "build", "kernel",
 "quick", "seconds", "ops": {op: [record, ...]}}, one record per (pass, config) as the op's
-module writes it: "pass", "config_name", "results" {implementation: {"ms", "tflops"} or
-{"error"}}, "best_peer", "ratio_vs_reference", "ratio_vs_best_peer", ...
+module writes it: "pass", "config_name", "results" {implementation: {"ms", "tflops"} (and/or
+"gbps") or {"error"} or {"skipped"}}, "metric" (the key shown: "tflops" when absent, "gbps" for
+the memory-bound ones), "best_peer", "ratio_vs_reference", "ratio_vs_best_peer", ...
 """
 
 from __future__ import annotations
@@ -15,22 +16,39 @@ from pathlib import Path
 # One current results file per GPU model, overwritten by `python -m benchmarks --save`.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
+UNITS = {"tflops": "TFLOP/s", "gbps": "GB/s"}
+
+
+def metric(record: dict) -> str:
+    """The result key a record is shown in: "tflops" (the default) or "gbps"."""
+    return record.get("metric", "tflops")
+
+
+def table_units(records: list[dict]) -> str:
+    """The unit of an op's table, for its title (when its rows differ, the unit column says)."""
+    units = list(dict.fromkeys(UNITS[metric(r)] for r in records)) or [UNITS["tflops"]]
+    return units[0] if len(units) == 1 else f"{' or '.join(units)}: see the unit column"
+
 
 def format_table(records: list[dict], impl_names: list[str], reference: str, ours: str) -> str:
-    """One row per (pass, config): TFLOP/s of every implementation ('-' where it failed), then
-    ours / reference and ours / best peer."""
-    header = ["pass", "config"] + impl_names + [f"{ours}/{reference}", f"{ours}/best"]
+    """One row per (pass, config): TFLOP/s (or the record's metric) of every implementation
+    ('-' where it failed or was not run), then ours / reference and ours / best peer; a unit
+    column when the rows' metrics differ."""
+    mixed = len({metric(r) for r in records}) > 1
+    header = ["pass", "config"] + (["unit"] if mixed else []) + impl_names + [f"{ours}/{reference}", f"{ours}/best"]
     rows = [header]
     for record in records:
-        row = [record["pass"], record["config_name"]]
+        shown = metric(record)
+        row = [record["pass"], record["config_name"]] + ([UNITS[shown]] if mixed else [])
         for name in impl_names:
             result = record["results"].get(name, {})
-            row.append(f"{result['tflops']:.0f}" if "tflops" in result else "-")
+            row.append(f"{result[shown]:.0f}" if shown in result else "-")
         for key in ("ratio_vs_reference", "ratio_vs_best_peer"):
             row.append(f"{record[key]:.2f}" if record.get(key) is not None else "-")
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) if i < 2 else cell.rjust(width)
+    left = 3 if mixed else 2  # pass, config (and unit) left-aligned, numbers right-aligned
+    lines = ["  ".join(cell.ljust(width) if i < left else cell.rjust(width)
                        for i, (cell, width) in enumerate(zip(row, widths))) for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
