@@ -1,14 +1,17 @@
-"""python -m benchmarks [--ops attention,matmul] [--quick] [--save] [--json PATH] [--kernel sm80]
+"""python -m benchmarks [--ops attention,matmul,based,fftconv] [--quick] [--save] [--json PATH] [--kernel sm80]
 python -m benchmarks --plot-only benchmarks/results/h200.json
 
-Runs each op against its peers in the same process and prints one table per op (TFLOP/s, and
-our ratio to the reference peer (FlashAttention-2 for attention, cuBLAS for matmul) and to the
-best peer). --save writes the results to benchmarks/results/<model>.json (one current file per
-GPU model, overwritten) with one plot per op, benchmarks/results/<model>_<op>.png (needs
-matplotlib); --json also writes every measurement to PATH; --plot-only redraws the plots of a
-results file, no GPU needed. Our kernels run in strict mode (attention with the chosen kernel
-family; --kernel applies to attention only), so a silent fallback to PyTorch can never be timed
-as ours: it shows as '-' with the reason in the log and the JSON.
+Runs each op against its peers in the same process and prints one table per op: TFLOP/s (GB/s
+where the op is bound by memory: fftconv, Based's decoding step), our ratio to the reference peer
+(FlashAttention-2 for attention, cuBLAS for matmul, flash-linear-attention's parallel_based for
+Based, torch.fft for fftconv) and to the best peer. --save writes the results to
+benchmarks/results/<model>.json (one current file per GPU model, overwritten) with one plot per
+op, benchmarks/results/<model>_<op>.png (needs matplotlib); --json also writes every measurement
+to PATH; --plot-only redraws the plots of a results file, no GPU needed. Our kernels run in strict
+mode (attention with the chosen kernel family; --kernel applies to attention only), so a silent
+fallback to PyTorch can never be timed as ours: it shows as '-' with the reason in the log and
+the JSON. (One exception, named in its rows: Based's forward + backward runs tk.based as
+training calls it, the PyTorch reference while the Based kernels have no backward.)
 
 Run it from the repository root, or from anywhere as `python /path/to/repo/benchmarks ...` (or
 `python -m benchmarks` with the repository root on PYTHONPATH); thunderkittens must be
@@ -29,9 +32,10 @@ if not __package__:
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from benchmarks.report import RESULTS_DIR, format_table, read_json, results_path, write_json  # noqa: E402
+from benchmarks.report import (RESULTS_DIR, format_table, read_json, results_path,  # noqa: E402
+                               table_units, write_json)
 
-OPS = ("attention", "matmul")
+OPS = ("attention", "matmul", "based", "fftconv")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
+    import importlib
+
     import thunderkittens as tk
 
-    from benchmarks import attention, matmul
-
-    modules = {"attention": attention, "matmul": matmul}
+    modules = {name: importlib.import_module(f"benchmarks.{name}") for name in args.ops}
     device = torch.cuda.get_device_name()
     print(f"{device}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
           f"thunderkittens {tk.__version__}; {tk.build_summary()}")
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         module = modules[name]
         records, impl_names = module.run(kernel=args.kernel, quick=args.quick)
         payload["ops"][name] = records
-        tables.append(f"{name} ({records[0]['dtype'] if records else ''}, TFLOP/s)\n" +
+        tables.append(f"{name} ({records[0]['dtype'] if records else ''}, {table_units(records)})\n" +
                       format_table(records, impl_names, module.REFERENCE, module.OURS))
     payload["seconds"] = round(time.time() - started, 1)
     if args.json:
