@@ -60,6 +60,9 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
         raise TypeError(f"tk.based: output_final_state must be a bool, got "
                         f"{type(output_final_state).__name__}")
     scale = _scale_or_default(scale, q.shape[-1])
+    if q.shape[2] == 0:  # nothing to compute on any path: the state passes through
+        out, state = _reference(q, k, v, scale, normalize, eps, initial_state)
+        return (out, state) if output_final_state else out
     family, reason = plan.decide(q, k, v, initial_state)
     if family is None:
         _scaffold.fallback_or_raise(BasedPlan, reason)

@@ -71,8 +71,6 @@ def decide(q, k, v, initial_state) -> tuple[KernelFamily | None, str | None]:
     if v.shape[-1] not in KERNEL_VALUE_DIMS:
         return None, (f"value dim {v.shape[-1]} is not supported by the kernel "
                       f"({' or '.join(str(d) for d in KERNEL_VALUE_DIMS)} only)")
-    if q.shape[2] == 0:
-        return None, "an empty sequence (length 0)"
     family, reason = _scaffold.choose_family("based", q.device)
     if family is None:
         return None, reason

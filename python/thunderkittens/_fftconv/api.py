@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -66,14 +68,21 @@ def explain_fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | No
 class FFTConv(torch.nn.Module):
     """``tk.FFTConv(seqlen)(u, k, pregate=None, postgate=None)``: tk.fftconv for sequences of up
     to ``seqlen``, as a module (the shape FlashFFTConv users know). In inference (no gradient
-    needed), the filter's spectrum is cached and reused while ``k`` is the same tensor and has
-    not been modified in place (its version counter), so a fixed filter is transformed once."""
+    needed), the filter's spectrum is cached and reused while ``k`` is the same tensor object,
+    unmodified in place since (its version counter), so a fixed filter is transformed once. A new
+    filter tensor (even one at a freed filter's address) gets its own spectrum. Edits through
+    ``k.data`` bypass the version counter: call ``clear_cache()`` after them."""
 
     def __init__(self, seqlen: int):
         super().__init__()
         if not isinstance(seqlen, int) or isinstance(seqlen, bool) or seqlen < 1:
             raise ValueError(f"tk.FFTConv: seqlen must be a positive int, got {seqlen!r}")
         self.seqlen = seqlen
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        """Forget the cached spectrum (the next inference call transforms its filter again)."""
+        self._cached_filter = None  # a weak reference: the cache never keeps a filter alive
         self._cached_key = None
         self._cached_spectrum = None
 
@@ -89,9 +98,11 @@ class FFTConv(torch.nn.Module):
         family, fft_size, reason = plan.decide(u, k, pregate, postgate)
         if family is None:
             return fftconv(u, k, pregate, postgate)
-        key = (k.data_ptr(), k._version, tuple(k.shape), k.dtype, k.device, fft_size)
-        if key != self._cached_key:
+        key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
+        cached = self._cached_filter() if self._cached_filter is not None else None
+        if cached is not k or key != self._cached_key:
             self._cached_spectrum = SPECTRUM(k.float(), fft_size)
+            self._cached_filter = weakref.ref(k)
             self._cached_key = key
         n = u.shape[-1]
         length = _padded_length(n)

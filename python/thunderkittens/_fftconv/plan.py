@@ -72,7 +72,7 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
         return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, "
                             f"{KERNEL_LENGTHS[-1]}")
     fft_size = 2 * length
-    needed = FFTCONV_SHARED_BYTES[fft_size][pregate is not None]
+    needed = FFTCONV_SHARED_BYTES[fft_size][0 if pregate is None else 1]
     available = _shared_memory_optin(u.device.index)
     if needed > available:
         return None, None, (f"{_scaffold.forced_prefix(family)}the kernel for length {length}"
