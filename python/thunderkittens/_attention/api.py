@@ -58,9 +58,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """The fallback: F.scaled_dot_product_attention, as plan.fallback_call says (copies of
     operands SDPA's fused kernels may misread; lower-right rows that see no key as zeros). For a
-    scale <= 0 it is pinned to the math backend: the fused backends take the running max of
-    unscaled scores, which is only right for a positive scale (on an H200 with torch 2.11 they
-    returned NaN for scale=-0.125)."""
+    scale <= 0 it is pinned to the math backend on every device: the fused backends take the
+    running max of unscaled scores, which is only right for a positive scale (on an H200 with
+    torch 2.11 they returned NaN for scale=-0.125, and so does the CPU's flash backend)."""
     call = plan.fallback_call(query, key, value, attn_mask, is_causal)
     hidden = call.hidden_rows
     operands = {"query": query[..., hidden:, :] if hidden else query, "key": key, "value": value,
@@ -70,7 +70,7 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     run = lambda: F.scaled_dot_product_attention(  # noqa: E731
         operands["query"], operands["key"], operands["value"], attn_mask=operands["attn_mask"],
         dropout_p=dropout_p, is_causal=call.is_causal, scale=scale, enable_gqa=enable_gqa)
-    if scale is not None and scale <= 0 and query.device.type == "cuda":
+    if scale is not None and scale <= 0:
         with sdpa_kernel(SDPBackend.MATH):
             out = run()
     else:
