@@ -216,7 +216,62 @@ def cpu_matmul(monkeypatch):
         torch._dynamo.reset()
 
 
+@pytest.fixture(scope="session")
+def case_worker():
+    """The test worker's case server (tests/differential/worker.py): GPU jobs that may fault or
+    hang run there, a new server after each one that ended the last."""
+    from differential.worker import Worker
+    worker = Worker()
+    yield worker
+    worker.close()
+
+
+# ---- lines for the end of the test output ------------------------------------------------------
+# A test adds a line with record_property("tk_summary", {...}) (a dict: JSON-able); the reports
+# carry it to the pytest process that prints the summary (also from pytest-xdist's workers).
+
+_SUMMARIES = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _SUMMARIES.extend(value for name, value in report.user_properties if name == "tk_summary")
+
+
+def _summary_lines():
+    """Differential shards added up per property; other entries as their "line"."""
+    lines, properties = [], {}
+    for entry in _SUMMARIES:
+        if entry.get("kind") != "differential":
+            lines.append(entry["line"])
+            continue
+        key = (entry["property"], entry["profile"])
+        total = properties.setdefault(key, {"counts": {}, "shards": set(), "failed": 0,
+                                            "seed": entry["base_seed"], "of": entry["shards"]})
+        for path, n in entry["counts"].items():
+            total["counts"][path] = total["counts"].get(path, 0) + n
+        total["shards"].add(entry["shard"])
+        total["failed"] += 0 if entry["ok"] else 1
+    differential = []
+    for (prop, profile), total in sorted(properties.items()):
+        cases = sum(total["counts"].values())
+        paths = ", ".join(f"{path} {n}" for path, n in sorted(total["counts"].items()))
+        shards = (f", {len(total['shards'])} of {total['of']} shards" if total["of"] > 1 else "")
+        failed = f", {total['failed']} FAILED" if total["failed"] else ""
+        differential.append(f"differential {prop} [profile {profile}, seed {total['seed']}"
+                            f"{shards}{failed}]: {cases} cases" + (f": {paths}" if paths else ""))
+    return differential + lines
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _SUMMARIES:
+        terminalreporter.section("cases run (tk_summary)")
+        for line in _summary_lines():
+            terminalreporter.write_line(line)
+    _tolerance_summary(terminalreporter)
+
+
+def _tolerance_summary(terminalreporter):
     """With TK_TOLERANCE_LOG (tests/differential/tolerance.py): the worst margins, per quantity."""
     import json
     path = os.environ.get("TK_TOLERANCE_LOG")

@@ -9,8 +9,8 @@ the argument; the explain function must raise the same error. On a GPU the atten
 answer is CUDA-free: SDPA on CPU copies (CUDA SDPA killed the process with SIGFPE on an empty
 dim, and is not asked about tensors on two GPUs). NaN/Inf inputs must give a result
 that is non-finite exactly where the float64 reference is, and never hang: the GPU's cases run
-in fresh processes with a time limit (tests/differential/fresh_cases.py), as do the > 2^31
-element cases on the GPU (expanded views: no memory for the inputs).
+in the test worker's case server with a time limit (tests/differential/worker.py), as do the
+> 2^31 element cases on the GPU (expanded views: no memory for the inputs).
 """
 
 
@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from differential import bad_input_cases as cases
-from differential import fresh_cases
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 FLOAT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -371,26 +370,25 @@ def test_more_than_2_31_elements_explain(request, stand_in):
     tk.explain_matmul(a, b)
 
 
-# ---- on the GPU, in fresh processes: NaN/Inf (never a hang) and > 2^31 elements -------------------
+# ---- on the GPU, in the case server: NaN/Inf (never a hang) and > 2^31 elements ------------------
 
-@pytest.fixture(scope="module")
-def gpu_results():
+def run_gpu_case(case_worker, case_id, timeout):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    return fresh_cases.run_cases("differential.bad_input_cases", cases.gpu_ids(), timeout=300)
+    answer = case_worker.run({"kind": "case", "module": "differential.bad_input_cases",
+                              "case": case_id}, timeout=timeout)
+    if answer["status"] != "ok":
+        pytest.fail(f"{case_id}:\n{answer['message']}\n--- output ---\n{answer['output'][-6000:]}",
+                    pytrace=False)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case_id", cases.gpu_nonfinite_ids())
-def test_nonfinite_gpu(gpu_results, case_id):
-    result = gpu_results[case_id]
-    if result["status"] != "ok":
-        pytest.fail(f"{case_id}:\n{result['message']}", pytrace=False)
+def test_nonfinite_gpu(case_worker, case_id):
+    run_gpu_case(case_worker, case_id, timeout=120)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case_id", cases.LARGE_IDS)
-def test_more_than_2_31_elements_gpu(gpu_results, case_id):
-    result = gpu_results[case_id]
-    if result["status"] != "ok":
-        pytest.fail(f"{case_id}:\n{result['message']}", pytrace=False)
+def test_more_than_2_31_elements_gpu(case_worker, case_id):
+    run_gpu_case(case_worker, case_id, timeout=300)

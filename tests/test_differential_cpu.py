@@ -21,18 +21,15 @@ from differential.settings import SEED, profile_named
 PROFILE = profile_named("TK_FUZZ_CPU_PROFILE", "cpu")
 
 
-@pytest.fixture(scope="module")
-def report(request):
-    """Lines printed after the module's tests: the per-path case counts of each property."""
-    lines = []
-    yield lines
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None and lines:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("")
-            for line in lines:
-                reporter.write_line(line)
+@pytest.fixture
+def report(record_property):
+    """Adds a property's per-path case counts to the end of pytest's output (conftest.py)."""
+    def add(counts, label):
+        record_property("tk_summary", {"kind": "differential", "property": label,
+                                       "profile": PROFILE.name, "shard": 0, "shards": 1,
+                                       "base_seed": SEED, "counts": dict(counts.counts),
+                                       "ok": True})
+    return add
 
 
 def run(name, env, report, *, label=None, examples=None, **stand_ins):
@@ -40,7 +37,7 @@ def run(name, env, report, *, label=None, examples=None, **stand_ins):
     try:
         runner.run_property(name, PROFILE, env, counts, max_examples=examples, **stand_ins)
     finally:
-        report.append(counts.line(PROFILE.name, SEED))
+        report(counts, label or name)
     return counts
 
 

@@ -5,11 +5,15 @@ unequal lengths, mask kinds, scales, operand layouts (transposed, fused QKV slic
 strided slices, expanded views), side streams and, with two GPUs, the second device; each
 against a float64 reference within PyTorch's own error (tests/differential/tolerance.py).
 
-Each property runs in a fresh process (a kernel fault poisons a process's CUDA context), from
-a fixed seed; a failure is shrunk to a minimal example, printed with the fresh process's
-output. TK_FUZZ_PROFILE=smoke runs a tenth of the cases; TK_FUZZ_IN_PROCESS=1 runs them in the
-test process (for a debugger). Each property prints how many cases went to each path and FAILS
-(not skips) when a kernel this GPU and this build should run was never reached.
+Each property is split into shards (settings.py: the ``gpu`` profile's 3,560 cases in 32
+shards, most cases small), each a test of its own, so the test workers run them in parallel;
+shard i draws its cases from seed TK_FUZZ_SEED + i * 1000003. A shard runs in the test worker's
+case server (differential/worker.py: a kernel fault poisons a process's CUDA context, so it
+costs that shard and a new server runs the next). A failure is shrunk to a minimal example,
+printed with the server's output. TK_FUZZ_PROFILE=smoke runs a tenth of the cases;
+TK_FUZZ_IN_PROCESS=1 runs them in the test process (for a debugger). The end of pytest's output
+adds up how many cases went to each path, with the seed; a shard FAILS (not skips) when a
+kernel this GPU and this build should run was never reached.
 """
 
 import os
@@ -20,12 +24,15 @@ import torch
 
 from differential import runner
 from differential.environment import Environment, PathCounts
-from differential.settings import SEED, profile_named
+from differential.settings import SEED, profile_named, shard_seed
 
 pytestmark = pytest.mark.gpu
 
 PROFILE = profile_named("TK_FUZZ_PROFILE", "gpu")
 IN_PROCESS = os.environ.get("TK_FUZZ_IN_PROCESS", "") == "1"
+SHARD_TIMEOUT_S = 400  # a shard of the gpu profile takes well under a minute
+
+SHARDS = [(prop, shard) for prop in runner.GPU_PROPERTIES for shard in range(PROFILE.shards_for(prop))]
 
 
 @pytest.fixture(scope="module")
@@ -35,35 +42,29 @@ def env():
     return Environment.cuda()
 
 
-@pytest.fixture(scope="module")
-def report(request):
-    """Lines printed after the module's tests: the per-path case counts of each property."""
-    lines = []
-    yield lines
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is not None and capture is not None and lines:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("")
-            for line in lines:
-                reporter.write_line(line)
-
-
-def run(prop, env, report) -> PathCounts:
+def run(prop, shard, record_property, request) -> PathCounts:
     counts = PathCounts(prop)
+    summary = {"kind": "differential", "property": prop, "profile": PROFILE.name, "shard": shard,
+               "shards": PROFILE.shards_for(prop), "base_seed": SEED, "counts": {}, "ok": False}
     if IN_PROCESS:
         try:
-            runner.run_property(prop, PROFILE, env, counts)
+            runner.run_property(prop, PROFILE, Environment.cuda(), counts, shard=shard)
+            summary["ok"] = True
         finally:
-            report.append(counts.line(PROFILE.name, SEED))
+            summary["counts"] = dict(counts.counts)
+            record_property("tk_summary", summary)
         return counts
-    result = runner.run_in_fresh_process(prop, PROFILE.name)
-    counts.counts.update(Counter(result.get("counts", {})))
-    report.append(counts.line(PROFILE.name, SEED) + ("" if result["ok"] else " (FAILED)"))
-    if not result["ok"]:
-        pytest.fail(f"differential {prop} (profile {PROFILE.name}, seed {SEED}) failed: "
-                    f"{result.get('error', '')[-3000:]}\n--- output of its process ---\n"
-                    f"{result.get('output', '')[-12000:]}", pytrace=False)
+    worker = request.getfixturevalue("case_worker")
+    answer = worker.run({"kind": "property", "property": prop, "profile": PROFILE.name,
+                         "shard": shard}, timeout=SHARD_TIMEOUT_S)
+    counts.counts.update(Counter(answer.get("counts", {})))
+    summary.update(counts=dict(counts.counts), ok=answer["status"] == "ok")
+    record_property("tk_summary", summary)
+    if answer["status"] != "ok":
+        pytest.fail(f"differential {prop} shard {shard} (profile {PROFILE.name}, seed "
+                    f"{shard_seed(shard)}) failed: {answer.get('message', '')[-4000:]}\n"
+                    f"--- output of the case server ---\n{answer.get('output', '')[-12000:]}",
+                    pytrace=False)
     return counts
 
 
@@ -71,9 +72,9 @@ def require(condition, what, counts):
     assert condition, f"{what}: {dict(counts.counts)} (the GPU and the build should run it)"
 
 
-@pytest.mark.parametrize("prop", runner.GPU_PROPERTIES)
-def test_differential(prop, env, report):
-    counts = run(prop, env, report)
+@pytest.mark.parametrize("prop, shard", SHARDS, ids=[f"{prop}-{shard}" for prop, shard in SHARDS])
+def test_differential(prop, shard, env, record_property, request):
+    counts = run(prop, shard, record_property, request)
     assert counts.total > 0
     families = env.attention_families()
     if prop == "attention":

@@ -8,42 +8,40 @@ against the float64 reference within PyTorch's own error on contiguous copies of
 values (tests/differential/fallback_layouts.py lists them). Rows that see no key
 (causal_lower_right with Lq > Lk) must be 0, with 0 gradient, whichever path runs.
 
-The cases run in fresh worker processes (tests/differential/fresh_cases.py), so a fault costs
-one case, not the rest of the session.
+Each case runs in the test worker's case server (tests/differential/worker.py), so a fault
+costs one case, not the rest of the session.
 """
 
 import pytest
 import torch
 
-from differential import fallback_layouts, fresh_cases
+from differential import fallback_layouts
 
 pytestmark = pytest.mark.gpu
 
+CASE_TIMEOUT_S = 240
 
-@pytest.fixture(scope="module")
-def results():
+
+def check(case_worker, case_id, record_property):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    return fresh_cases.run_cases("differential.fallback_layouts", fallback_layouts.all_ids(),
-                                 timeout=600)
-
-
-def check(results, case_id):
-    result = results[case_id]
-    if result["status"] != "ok":
-        pytest.fail(f"{case_id}:\n{result['message']}", pytrace=False)
+    answer = case_worker.run({"kind": "case", "module": "differential.fallback_layouts",
+                              "case": case_id}, timeout=CASE_TIMEOUT_S)
+    if answer["status"] != "ok":
+        pytest.fail(f"{case_id}:\n{answer['message']}\n--- output ---\n{answer['output'][-6000:]}",
+                    pytrace=False)
 
 
 @pytest.mark.parametrize("case_id", fallback_layouts.misaligned_ids())
-def test_misaligned_view(results, case_id):
-    check(results, case_id)
+def test_misaligned_view(case_worker, case_id, record_property):
+    check(case_worker, case_id, record_property)
 
 
 @pytest.mark.parametrize("case_id", fallback_layouts.REPRO_IDS)
-def test_issue_repro(results, case_id):
-    check(results, case_id)
+def test_issue_repro(case_worker, case_id, record_property):
+    check(case_worker, case_id, record_property)
 
 
 @pytest.mark.parametrize("case_id", fallback_layouts.no_key_rows_ids())
-def test_rows_that_see_no_key(results, case_id):
-    check(results, case_id)
+def test_rows_that_see_no_key(case_worker, case_id, record_property):
+    check(case_worker, case_id, record_property)

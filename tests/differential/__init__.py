@@ -10,15 +10,17 @@ Modules:
   attention    tk.attention cases: strategies, the float64 reference, PyTorch's yardstick, checks
   matmul       the same for tk.matmul
   invalid      invalid calls (one argument broken) and the errors they must raise
-  runner       the properties (hypothesis tests) and the per-path case counts; also runs one
-               property in this process for a GPU test's fresh process (``python -m differential``,
-               also the way to run a sample under compute-sanitizer)
-  fresh_cases  fixed GPU cases in fresh worker processes (a CUDA fault or a hang costs one case)
+  runner       the properties (hypothesis tests, sharded) and the per-path case counts; also
+               runs one property by hand (``python -m differential``, also the way to run a
+               sample under compute-sanitizer)
+  worker       the case server: GPU jobs (property shards, fixed cases) in a long-lived process
+               per test worker, a new one after a CUDA fault or a hang (it costs one job)
   fallback_layouts  the cases of test_fallback_layouts_gpu.py
   bad_input_cases   NaN/Inf and > 2^31-element checks of test_bad_input.py
 
 The tests that use them: test_differential_cpu.py (short profile, CPU: fallbacks, validation,
 the CPU stand-in kernels, fake tensors and torch.compile) and test_differential_gpu.py (long
-profile, the real kernels, every family forced in turn). TK_FUZZ_PROFILE picks the GPU
-suite's profile, TK_FUZZ_CPU_PROFILE the CPU suite's, TK_FUZZ_SEED another seed.
+profile in shards, the real kernels, every family forced in turn), test_fallback_layouts_gpu.py
+and test_bad_input.py. TK_FUZZ_PROFILE picks the GPU suite's profile, TK_FUZZ_CPU_PROFILE the
+CPU suite's, TK_FUZZ_SEED another seed, TK_FUZZ_SHRINK_S the time shrinking a failure may take.
 """

@@ -4,6 +4,7 @@ the checks of one case (path, output, gradients, rows that see no key, strict mo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -115,7 +116,10 @@ def attention_cases(draw, profile, env: Environment, *, misaligned: bool = False
     enable_gqa = gqa > 1 or draw(st.booleans())
     heads_q = heads_kv * gqa
     bh = math.prod(batch) * heads_q
-    pair_budget = max(1, profile.attention_work // (bh * max(head_dim, head_dim_v)))
+    # A few cases large, the others small; a draw that shrinks towards a small case.
+    sizes = profile.large if draw(st.integers(0, 99)) >= 100 - profile.large_percent else profile.small
+    max_len = sizes.max_len
+    pair_budget = max(1, sizes.attention_work // (bh * max(head_dim, head_dim_v)))
 
     if no_key_rows:
         mask = draw(st.sampled_from(["lower_right", "bool", "float"]))
@@ -126,12 +130,12 @@ def attention_cases(draw, profile, env: Environment, *, misaligned: bool = False
     else:
         mask = draw(st.sampled_from(["none", "causal", "upper_left", "lower_right", "bool", "float"]))
     if no_key_rows and mask == "lower_right":
-        len_kv = draw(_length(max(1, min(profile.max_len - 1, pair_budget // 2))))
-        len_q = len_kv + draw(st.integers(1, max(1, min(profile.max_len - len_kv,
+        len_kv = draw(_length(max(1, min(max_len - 1, pair_budget // 2))))
+        len_q = len_kv + draw(st.integers(1, max(1, min(max_len - len_kv,
                                                          pair_budget // len_kv - len_kv))))
     else:
-        len_q = draw(_length(min(profile.max_len, pair_budget)))
-        len_kv = draw(_length(max(1, min(profile.max_len, pair_budget // len_q))))
+        len_q = draw(_length(min(max_len, pair_budget)))
+        len_kv = draw(_length(max(1, min(max_len, pair_budget // len_q))))
         if draw(st.integers(0, 9)) == 0:
             len_kv = len_q
     mask_shape = draw(st.sampled_from(["2d", "heads1", "full", "expanded"])) \
@@ -182,6 +186,38 @@ def attention_cases(draw, profile, env: Environment, *, misaligned: bool = False
                          dtype=dtype, mask=mask, mask_shape=mask_shape, empty_rows=empty_rows,
                          scale=scale, grad=grad, layout=layout, kernel=kernel, stream=stream,
                          device_index=device_index, dropout_p=dropout_p, seed=seed)
+
+
+def coverage_cases(*, misaligned: bool = False, no_key_rows: bool = False,
+                   dropout: bool = False) -> list[AttentionCase]:
+    """Cases every run of a property includes (hypothesis's explicit examples, besides the
+    random ones), so that each shard reaches every kernel family this GPU runs, and the sm90
+    backward, whatever its random draws: auto, sm90 and sm80 forward, auto and sm90 with
+    gradients. Small and cheap; of the property's kind (misaligned operands, rows that see no
+    key, dropout)."""
+    base = AttentionCase(batch=(2,), heads_kv=2, gqa=2, enable_gqa=True, len_q=70, len_kv=90,
+                         head_dim=64, head_dim_v=64, dtype=torch.bfloat16, mask="causal",
+                         mask_shape="2d", empty_rows=False, scale=None, grad=(False,) * 3,
+                         layout=("transposed", "contiguous", "contiguous"), kernel="auto", seed=1)
+    if dropout:
+        return [dataclasses.replace(base, mask="none", dropout_p=0.1)]
+    cases = [
+        base,
+        dataclasses.replace(base, kernel="sm90", dtype=torch.float16, head_dim=128, head_dim_v=128,
+                            mask="none", seed=2),
+        dataclasses.replace(base, kernel="sm80", head_dim=128, head_dim_v=128, mask="lower_right",
+                            seed=3),
+        dataclasses.replace(base, grad=(True, True, True), seed=4),
+        dataclasses.replace(base, kernel="sm90", grad=(True, False, True), head_dim=96,
+                            head_dim_v=96, mask="upper_left", dtype=torch.float16, seed=5),
+    ]
+    if misaligned:  # query, key or value in turn 8 bytes off a 16-byte boundary
+        cases = [dataclasses.replace(case, layout=tuple("offset:4" if j == i % 3 else layout
+                                                        for j, layout in enumerate(case.layout)))
+                 for i, case in enumerate(cases)]
+    if no_key_rows:  # causal_lower_right with Lq > Lk
+        cases = [dataclasses.replace(case, mask="lower_right", len_q=90, len_kv=40) for case in cases]
+    return cases
 
 
 # ---- inputs --------------------------------------------------------------------------------------
@@ -276,12 +312,12 @@ def reference_attention(q, k, v, case: AttentionCase, mask):
 
 def torch_attention(q, k, v, case: AttentionCase, mask, *, math_backend: bool = False):
     """PyTorch's own answer in the inputs' dtype (SDPA, default backend; the math backend for a
-    scale <= 0, which the fused backends get wrong, or when asked). causal_lower_right with
-    Lq > Lk is computed as the fixed tests do: the rows that see no key apart as 0, the others
-    as plain causal attention of the last Lk query rows."""
+    scale <= 0, which the fused backends get wrong, or when asked), the call as tk.attention's
+    fallback makes it: causal_lower_right with Lq > Lk as plain causal attention of the last Lk
+    query rows, the rows that see no key apart as 0."""
     gqa = case.heads_q != case.heads_kv
     backend = (sdpa_kernel(SDPBackend.MATH)
-               if math_backend or (case.scale is not None and case.scale <= 0 and q.is_cuda)
+               if math_backend or (case.scale is not None and case.scale <= 0)
                else contextlib.nullcontext())
     with backend:
         if case.mask == "none":
@@ -290,14 +326,13 @@ def torch_attention(q, k, v, case: AttentionCase, mask, *, math_backend: bool = 
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=case.scale,
                                                   enable_gqa=gqa)
         if case.mask == "lower_right":
-            k, v = (t.repeat_interleave(case.gqa, dim=-3) for t in (k, v))
             if case.len_q <= case.len_kv:
                 return F.scaled_dot_product_attention(
                     q, k, v, attn_mask=causal_bias("lower_right", case.len_q, case.len_kv),
-                    scale=case.scale)
+                    scale=case.scale, enable_gqa=gqa)
             hidden = case.len_q - case.len_kv
             seen = F.scaled_dot_product_attention(q[..., hidden:, :], k, v, is_causal=True,
-                                                  scale=case.scale)
+                                                  scale=case.scale, enable_gqa=gqa)
             return torch.cat([seen.new_zeros(seen.shape[:-2] + (hidden, seen.shape[-1])), seen],
                              dim=-2)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.scale,

@@ -1,5 +1,5 @@
 """Checks of bad input shared by test_bad_input.py's CPU tests and its GPU cases (the GPU cases
-run in fresh processes through differential.fresh_cases: a hang or a fault costs one case).
+run in the test worker's case server, differential.worker: a hang or a fault costs one case).
 
 NaN / Inf inputs: one element of query, key, value (or a, b) is NaN, +inf or -inf; the result
 must be non-finite exactly where the float64 reference is (NaN exactly where it is NaN, for a
@@ -115,7 +115,7 @@ def check_matmul_nonfinite(device, dtype, where, value, m=64, k=40, n=48) -> str
     return str(plan)
 
 
-# ---- GPU cases (fresh processes) ---------------------------------------------------------------
+# ---- GPU cases (the case server) --------------------------------------------------------------
 
 # (dtype, head dim, kernel choice): sm90 (auto on Hopper), sm80 (forced), fallbacks.
 ATTENTION_PATHS = [("bf16", 64, "auto"), ("fp16", 128, "auto"), ("bf16", 96, "auto"),

@@ -1,6 +1,6 @@
-"""The fixed cases of test_fallback_layouts_gpu.py (run by differential.fresh_cases in fresh
-processes: SDPA has faulted with ``misaligned address`` on such views, which would poison the
-test process's CUDA context).
+"""The fixed cases of test_fallback_layouts_gpu.py (run in the test worker's case server,
+differential.worker: SDPA has faulted with ``misaligned address`` on such views, which would
+poison the test process's CUDA context).
 
   misaligned/...   plain views ``torch.randn(b, h, l, d + 8)[..., N:N + d]`` (N = 4: the issue's
                    view, 8 bytes off a 16-byte boundary in bf16/fp16; in float32 4 elements are

@@ -3,6 +3,7 @@ the checks of one case."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -77,22 +78,34 @@ def matmul_cases(draw, profile, env: Environment):
 
     a_batch, b_batch = batch_of(a_rank), batch_of(b_rank)
     batch = math.prod(template) if template else 1
-    budget = max(1, profile.matmul_work // batch)
-    k = draw(_size(min(profile.max_matrix, budget)))
-    m = draw(_size(min(profile.max_matrix, budget // k))) if a_rank > 1 else 1
-    n = draw(_size(min(profile.max_matrix, budget // (k * m)))) if b_rank > 1 else 1
+    # A few cases large, the others small; a draw that shrinks towards a small case.
+    sizes = profile.large if draw(st.integers(0, 99)) >= 100 - profile.large_percent else profile.small
+    budget = max(1, sizes.matmul_work // batch)
+    k = draw(_size(min(sizes.max_matrix, budget)))
+    m = draw(_size(min(sizes.max_matrix, budget // k))) if a_rank > 1 else 1
+    n = draw(_size(min(sizes.max_matrix, budget // (k * m)))) if b_rank > 1 else 1
     a_shape = a_batch + (m, k) if a_rank > 1 else (k,)
     b_shape = b_batch + (k, n) if b_rank > 1 else (k,)
     a_layout, b_layout = _operand_layout(draw, a_rank), _operand_layout(draw, b_rank)
-    grad = (False, False)
-    if draw(st.sampled_from([False, False, True])):
-        grad = draw(st.sampled_from([(True, True), (True, False), (False, True)]))
+    # Half the cases with gradients; listed first, so that hypothesis's simplest cases (which
+    # are also the most kernel-friendly) have them too.
+    grad = draw(st.sampled_from([(True, True), (False, False), (True, False), (False, False),
+                                 (False, True), (False, False)]))
     stream = draw(st.sampled_from(["default", "side"])) if env.side_streams else "default"
     device_index = draw(st.integers(0, min(env.device_count, 2) - 1)) if env.device_count > 1 else 0
     seed = draw(st.integers(0, 2**31 - 1))
     return MatmulCase(a_shape=a_shape, b_shape=b_shape, dtype=dtype, a_layout=a_layout,
                       b_layout=b_layout, grad=grad, stream=stream, device_index=device_index,
                       seed=seed)
+
+
+def coverage_cases() -> list[MatmulCase]:
+    """Cases every run of the property includes (besides the random ones), so that each shard
+    reaches the kernel, forward and backward, wherever the GPU runs it."""
+    base = MatmulCase(a_shape=(64, 96), b_shape=(96, 40), dtype=torch.bfloat16,
+                      a_layout="contiguous", b_layout="transposed", grad=(True, True), seed=1)
+    return [base, dataclasses.replace(base, a_shape=(2, 64, 32), b_shape=(32, 48),
+                                      dtype=torch.float16, grad=(False, False), seed=2)]
 
 
 def expected_path(case: MatmulCase, env: Environment) -> str | None:

@@ -14,7 +14,9 @@ contiguous copies of the same values: the yardstick):
   * ||out - ref|| / ||ref|| <= ERROR_FACTOR * ||theirs - ref|| / ||ref|| + REL_SLACK.
 
 The yardstick must itself be sane (relative L2 error below YARDSTICK_LIMIT), or the rule would
-be no rule: an insane one is reported as such.
+be no rule: an insane one is reported as such, unless ``out`` is at least as close to ``ref`` as
+it (an ill-conditioned case, e.g. a very peaked softmax's tiny gradients, where PyTorch's own
+low-precision answer is poor and ours is no worse).
 
 TK_TOLERANCE_LOG=PATH appends one JSON line per comparison to PATH (the test, what was compared,
 our error, the bound, and the same for the relative L2 error): what the margins really are.
@@ -96,7 +98,7 @@ def assert_close(what: str, out: torch.Tensor, ref: torch.Tensor, theirs: torch.
     ref_norm = ref_finite.norm().item()
     rel = diff.norm().item() / ref_norm if ref_norm > 0 else 0.0
     rel_theirs = diff_theirs.norm().item() / ref_norm if ref_norm > 0 else 0.0
-    if rel_theirs > YARDSTICK_LIMIT:
+    if rel_theirs > YARDSTICK_LIMIT and (err > err_theirs or rel > rel_theirs):
         raise YardstickError(f"{what}: PyTorch's own answer has relative L2 error {rel_theirs:.3e} "
                              "against the float64 reference: not a usable yardstick")
     rel_bound = ERROR_FACTOR * rel_theirs + REL_SLACK
