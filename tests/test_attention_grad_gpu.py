@@ -81,7 +81,10 @@ def sdpa_grads(q, k, v, grad_out, causal, scale, lower_right=False):
         parts = [sdpa_grads(*(t[i:i + SDPA_GRID_ROWS] for t in flat), causal, scale, lower_right)
                  for i in range(0, batch * heads, SDPA_GRID_ROWS)]
         return tuple(torch.cat(chunks).reshape(like.shape) for chunks, like in zip(zip(*parts), (q, k, v)))
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    # Fresh contiguous copies: SDPA misreads some views (strides or a start off 16 bytes).
+    leaves = [t.detach().clone(memory_format=torch.contiguous_format).requires_grad_()
+              for t in (q, k, v)]
+    grad_out = grad_out.clone(memory_format=torch.contiguous_format)
     if lower_right:
         out = sdpa_causal_lower_right(*leaves, scale)
     else:

@@ -341,7 +341,7 @@ def torch_attention(q, k, v, case: AttentionCase, mask, *, math_backend: bool = 
 
 def _yardstick(case, bases, make, mask, grad_out, empty, ref, math_backend):
     copies = [b.detach().clone().requires_grad_(b.requires_grad) for b in bases]
-    q, k, v = (t.contiguous() for t in make(copies))
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in make(copies))
     theirs = torch_attention(q, k, v, case, mask, math_backend=math_backend)
     theirs = theirs.masked_fill(empty.unsqueeze(-1), 0.0)
     if grad_out is not None:

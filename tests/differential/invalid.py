@@ -29,7 +29,8 @@ ATTENTION_MUTATIONS = {
     "key_dtype": ("key", True),
     "value_dtype": ("value", True),
     "key_on_meta": ("key", True),
-    "mask_with_is_causal": ("attn_mask", True),
+    # SDPA documents the rule, but torch 2.11's CPU kernel accepted some such calls.
+    "mask_with_is_causal": ("attn_mask", False),
     "dropout_negative": ("dropout_p", False),
     "dropout_above_one": ("dropout_p", False),
     "scale_nan": ("scale", False),
@@ -215,6 +216,8 @@ def check_invalid(call: InvalidCall, counts: PathCounts) -> None:
     explained = _raised(explain, *args, **kwargs)
     assert type(explained) is type(error) and str(explained) == str(error), \
         f"{call.mutation}: explain raised {type(explained).__name__}: {explained}; the op {error}"
+    if call.op == "attention" and not peer_rejects:
+        return  # nothing to ask SDPA (which torch 2.11 killed with SIGFPE on an empty key)
     peer_error = _raised(theirs, *args, **kwargs)
     if peer_rejects:
         assert peer_error is not None, \
