@@ -22,9 +22,11 @@ from collections import Counter
 import pytest
 import torch
 
+import thunderkittens as tk
 from differential import runner
 from differential.environment import Environment, PathCounts
 from differential.settings import SEED, profile_named, shard_seed
+from kernel_required import gpu_is_for
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +41,15 @@ SHARDS = [(prop, shard) for prop in runner.GPU_PROPERTIES for shard in range(PRO
 def env():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    return Environment.cuda()
+    env = Environment.cuda()
+    # A family this GPU is for must be runnable with this build (else a build without code for
+    # the GPU would quietly move every case to the fallback).
+    for op, family in (("attention", "sm90"), ("attention", "sm80"), ("matmul", "sm90")):
+        runs = env.matmul_kernel_runs() if op == "matmul" else env.attention_family_runs(family)
+        if gpu_is_for(op, family) and not runs:
+            pytest.fail(f"this GPU should run the {op} {family} kernels, but this build cannot "
+                        f"({tk.build_summary()})", pytrace=False)
+    return env
 
 
 def run(prop, shard, record_property, request) -> PathCounts:
