@@ -1,7 +1,7 @@
 """tk.attention on a GPU: correctness against a float64 reference, held to PyTorch's own error
 (FlashAttention's habit), plus the things kernels get wrong in practice: odd lengths, Lq != Lk,
 GQA, uninitialised output memory, strided inputs, huge batch*heads, other devices and streams,
-CUDA graphs, torch.compile, torch.export, opcheck, and the fallbacks.
+CUDA graphs, torch.compile, opcheck, and the fallbacks (torch.export: test_export.py).
 
 Tolerance (tests/differential/tolerance.py, the rule of every test): with ``ref`` the float64
 answer on the same bf16/fp16 inputs, our max-abs error must be <= 2 x the max-abs error of
