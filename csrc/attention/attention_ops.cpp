@@ -10,7 +10,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -20,6 +19,7 @@
 #include "attention/attention_params.h"
 #include "attention/head_dims.h"
 #include "device_facts.h"
+#include "operand_checks.h"
 
 namespace tk::attention {
 namespace {
@@ -29,46 +29,10 @@ constexpr const char* kSm80Op = "tk::attention_fwd_sm80: ";
 constexpr const char* kSm90Op = "tk::attention_fwd_sm90: ";
 constexpr const char* kBwdOp = "tk::attention_bwd_sm90: ";
 
-// (batch, heads, length) strides handed to the kernel. A dimension of size 1 is never stepped
-// over, so torch allows it any stride (including 0 or an unaligned value); the kernel gets a
-// well-formed row-major value for it instead, so the "multiple of 8" promise always holds.
-std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
-    std::array<int64_t, 3> strides{};
-    int64_t inner = t.size(3);  // stride(3) == 1 is checked before this is called
-    for (int dim = 2; dim >= 0; --dim) {
-        strides[dim] = t.size(dim) == 1 ? inner : t.stride(dim);
-        inner = strides[dim] * t.size(dim);
-    }
-    return strides;
-}
-
-void check_layout(const at::Tensor& t, const char* name, const char* op) {
-    TORCH_CHECK(t.stride(3) == 1, op, name, " must have a contiguous last dimension (stride 1), got strides ",
-                t.strides());
-    for (int dim = 0; dim < 3; ++dim) {
-        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, op, name,
-                    ": every stride except the last must be a multiple of 8 elements (16 bytes), got strides ",
-                    t.strides(), "; pass x.contiguous()");
-    }
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, op, name,
-                ": data pointer must be 16-byte aligned; pass a fresh copy "
-                "(x.clone(memory_format=torch.contiguous_format))");
-}
-
 void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
-    TORCH_CHECK(t.defined(), op, name, " is undefined");
-    TORCH_CHECK(t.is_cuda(), op, name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK(t.device() == q.device(), op, name, " is on ", t.device(), " but q is on ", q.device());
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), op, name, " has dtype ", t.scalar_type(),
-                " but q has dtype ", q.scalar_type());
-    TORCH_CHECK(t.dim() == 4, op, name, " must be 4-D (batch, heads, length, head_dim), got shape ",
-                t.sizes());
-    for (int dim = 0; dim < 4; ++dim) {
-        TORCH_CHECK(t.size(dim) >= 1, op, name, " must not be empty, got shape ", t.sizes());
-        TORCH_CHECK(t.size(dim) <= std::numeric_limits<int>::max(), op, name, " dimension ", dim,
-                    " is too large: ", t.size(dim));
-    }
-    check_layout(t, name, op);
+    check_like(t, name, q, "q", op);
+    check_extents(t, name, 4, "(batch, heads, length, head_dim)", op);
+    check_row_layout(t, name, op);
 }
 
 ElementType element_type(const at::Tensor& q, const char* op) {
@@ -114,7 +78,7 @@ void fill_common(Params& p, const at::Tensor& q, const at::Tensor& k, const at::
     p.q = q.const_data_ptr();
     p.k = k.const_data_ptr();
     p.v = v.const_data_ptr();
-    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v);
+    const auto qs = kernel_strides<4>(q), ks = kernel_strides<4>(k), vs = kernel_strides<4>(v);
     p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
     p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
     p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
@@ -179,16 +143,12 @@ ForwardParams forward_params(const at::Tensor& q, const at::Tensor& k, const at:
     fill_common(params, q, k, v, is_causal, call.causal_offset, scale, call.dtype);
     params.o = out.mutable_data_ptr();
     params.lse = lse.mutable_data_ptr<float>();
-    const auto os = kernel_strides(out);
+    const auto os = kernel_strides<4>(out);
     params.o_stride_b = os[0], params.o_stride_h = os[1], params.o_stride_l = os[2];
     return params;
 }
 
 cudaStream_t current_stream(const at::Tensor& q) { return at::cuda::getCurrentCUDAStream(q.device().index()).stream(); }
-
-void check_launch(cudaError_t status, const char* op) {
-    TORCH_CHECK(status == cudaSuccess, op, "kernel launch failed: ", cudaGetErrorString(status));
-}
 
 // The mma.sync forward (sm_80 and newer).
 std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k,
@@ -283,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     BackwardParams params{};
     fill_common(params, q, k, v, is_causal, offset, scale, dtype);
     params.dout = dout.const_data_ptr();
-    const auto ds = kernel_strides(dout);
+    const auto ds = kernel_strides<4>(dout);
     params.dout_stride_b = ds[0], params.dout_stride_h = ds[1], params.dout_stride_l = ds[2];
     params.dq_accum = dq_accum.mutable_data_ptr<float>();
     params.dk = dk.mutable_data_ptr();
@@ -303,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
         params.dq_turns = dq_turns.mutable_data_ptr<int>();
     }
 
-    const auto os = kernel_strides(out);
+    const auto os = kernel_strides<4>(out);
     const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
 
     const cudaStream_t stream = current_stream(q);

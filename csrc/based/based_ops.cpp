@@ -9,7 +9,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -18,47 +17,17 @@
 #include <vector>
 
 #include "based/params.h"
+#include "operand_checks.h"
 
 namespace tk::based {
 namespace {
 
 constexpr const char* kOp = "tk::based_fwd_sm80: ";
 
-// (batch, heads, length) strides handed to the kernel. A dimension of size 1 is never stepped
-// over, so torch allows it any stride (including 0 or an unaligned value); the kernel gets a
-// well-formed row-major value for it instead, so the "multiple of 8" promise always holds.
-std::array<int64_t, 3> kernel_strides(const at::Tensor& t) {
-    std::array<int64_t, 3> strides{};
-    int64_t inner = t.size(3);  // stride(3) == 1 is checked before this is called
-    for (int dim = 2; dim >= 0; --dim) {
-        strides[dim] = t.size(dim) == 1 ? inner : t.stride(dim);
-        inner = strides[dim] * t.size(dim);
-    }
-    return strides;
-}
-
 void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
-    TORCH_CHECK(t.defined(), kOp, name, " is undefined");
-    TORCH_CHECK(t.is_cuda(), kOp, name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK(t.device() == q.device(), kOp, name, " is on ", t.device(), " but q is on ", q.device());
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), kOp, name, " has dtype ", t.scalar_type(), " but q has dtype ",
-                q.scalar_type());
-    TORCH_CHECK(t.dim() == 4, kOp, name, " must be 4-D (batch, heads, length, dim), got shape ", t.sizes());
-    for (int dim = 0; dim < 4; ++dim) {
-        TORCH_CHECK(t.size(dim) >= 1, kOp, name, " must not be empty, got shape ", t.sizes());
-        TORCH_CHECK(t.size(dim) <= std::numeric_limits<int>::max(), kOp, name, " dimension ", dim,
-                    " is too large: ", t.size(dim));
-    }
-    TORCH_CHECK(t.stride(3) == 1, kOp, name, " must have a contiguous last dimension (stride 1), got strides ",
-                t.strides());
-    for (int dim = 0; dim < 3; ++dim) {
-        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, kOp, name,
-                    ": every stride except the last must be a multiple of 8 elements (16 bytes), got strides ",
-                    t.strides(), "; pass x.contiguous()");
-    }
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, kOp, name,
-                ": data pointer must be 16-byte aligned; pass a fresh copy "
-                "(x.clone(memory_format=torch.contiguous_format))");
+    check_like(t, name, q, "q", kOp);
+    check_extents(t, name, 4, "(batch, heads, length, dim)", kOp);
+    check_row_layout(t, name, kOp);
 }
 
 ElementType element_type(const at::Tensor& q) {
@@ -114,7 +83,8 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, cons
     p.k = k.const_data_ptr();
     p.v = v.const_data_ptr();
     p.o = out.mutable_data_ptr();
-    const auto qs = kernel_strides(q), ks = kernel_strides(k), vs = kernel_strides(v), os = kernel_strides(out);
+    const auto qs = kernel_strides<4>(q), ks = kernel_strides<4>(k), vs = kernel_strides<4>(v),
+               os = kernel_strides<4>(out);
     p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
     p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
     p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
@@ -131,8 +101,7 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, cons
     p.dtype = dtype;
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    const cudaError_t status = forward_sm80(p, stream);
-    TORCH_CHECK(status == cudaSuccess, kOp, "kernel launch failed: ", cudaGetErrorString(status));
+    check_launch(forward_sm80(p, stream), kOp);
     return {out, final_state};
 }
 

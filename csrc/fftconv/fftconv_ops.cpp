@@ -10,13 +10,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
 
 #include "device_facts.h"
 #include "fftconv/params.h"
+#include "operand_checks.h"
 
 namespace tk::fftconv {
 namespace {
@@ -31,46 +31,22 @@ void check_fft_size(int64_t fft_size, const char* op) {
                 "length 256 .. 4096), got ", fft_size);
 }
 
-// (batch, heads) strides handed to the kernel. A dim of size 1 is never stepped over, so torch
-// allows it any stride; the kernel gets a well-formed value instead, keeping "multiple of 8".
-std::array<int64_t, 2> kernel_strides(const at::Tensor& t) {
-    const int64_t head = t.size(1) == 1 ? t.size(2) : t.stride(1);
-    const int64_t batch = t.size(0) == 1 ? head * t.size(1) : t.stride(0);
-    return {batch, head};
-}
-
 void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u) {
-    TORCH_CHECK(t.defined(), kFwdOp, name, " is undefined");
-    TORCH_CHECK(t.is_cuda(), kFwdOp, name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK(t.device() == u.device(), kFwdOp, name, " is on ", t.device(), " but u is on ", u.device());
-    TORCH_CHECK(t.scalar_type() == u.scalar_type(), kFwdOp, name, " has dtype ", t.scalar_type(),
-                " but u has dtype ", u.scalar_type());
+    check_like(t, name, u, "u", kFwdOp);
     TORCH_CHECK(t.sizes() == u.sizes(), kFwdOp, name, " must have u's shape ", u.sizes(), ", got ", t.sizes());
-    TORCH_CHECK(t.stride(2) == 1, kFwdOp, name, " must have a contiguous last dimension (stride 1), got strides ",
-                t.strides());
-    for (int dim = 0; dim < 2; ++dim)
-        TORCH_CHECK(t.size(dim) == 1 || t.stride(dim) % 8 == 0, kFwdOp, name,
-                    ": the batch and head strides must be multiples of 8 elements (16 bytes), got strides ",
-                    t.strides(), "; pass x.contiguous()");
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0, kFwdOp, name,
-                ": data pointer must be 16-byte aligned; pass a fresh copy (x.clone())");
+    check_row_layout(t, name, kFwdOp);
 }
 
 at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
                                  const std::optional<at::Tensor>& pregate,
                                  const std::optional<at::Tensor>& postgate, int64_t fft_size) {
     TORCH_CHECK(u.defined(), kFwdOp, "u is undefined");
-    TORCH_CHECK(u.dim() == 3, kFwdOp, "u must be 3-D (batch, heads, length), got shape ", u.sizes());
+    check_extents(u, "u", 3, "(batch, heads, length)", kFwdOp);
     ElementType dtype{};
     switch (u.scalar_type()) {
         case at::kBFloat16: dtype = ElementType::bf16; break;
         case at::kHalf: dtype = ElementType::fp16; break;
         default: TORCH_CHECK(false, kFwdOp, "u must be bfloat16 or float16, got ", u.scalar_type());
-    }
-    for (int dim = 0; dim < 3; ++dim) {
-        TORCH_CHECK(u.size(dim) >= 1, kFwdOp, "u must not be empty, got shape ", u.sizes());
-        TORCH_CHECK(u.size(dim) <= std::numeric_limits<int>::max(), kFwdOp, "u dimension ", dim,
-                    " is too large: ", u.size(dim));
     }
     check_fft_size(fft_size, kFwdOp);
     const int64_t length = u.size(2);
@@ -108,21 +84,21 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
     p.u = u.const_data_ptr();
-    const auto us = kernel_strides(u);
+    const auto us = kernel_strides<3>(u);
     p.u_stride_b = us[0], p.u_stride_h = us[1];
     if (pregate.has_value()) {
         p.pregate = pregate->const_data_ptr();
-        const auto s = kernel_strides(*pregate);
+        const auto s = kernel_strides<3>(*pregate);
         p.pre_stride_b = s[0], p.pre_stride_h = s[1];
     }
     if (postgate.has_value()) {
         p.postgate = postgate->const_data_ptr();
-        const auto s = kernel_strides(*postgate);
+        const auto s = kernel_strides<3>(*postgate);
         p.post_stride_b = s[0], p.post_stride_h = s[1];
     }
     p.spectrum = k_spectrum.const_data_ptr<float>();
     p.y = y.mutable_data_ptr();
-    const auto ys = kernel_strides(y);
+    const auto ys = kernel_strides<3>(y);
     p.y_stride_b = ys[0], p.y_stride_h = ys[1];
     p.batch = static_cast<int>(u.size(0));
     p.heads = static_cast<int>(u.size(1));
@@ -131,8 +107,7 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     p.dtype = dtype;
     p.multiprocessors = multiprocessor_count();
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(u.device().index()).stream();
-    const cudaError_t status = fftconv_fwd_sm80(p, stream);
-    TORCH_CHECK(status == cudaSuccess, kFwdOp, "kernel launch failed: ", cudaGetErrorString(status));
+    check_launch(fftconv_fwd_sm80(p, stream), kFwdOp);
     return y;
 }
 
