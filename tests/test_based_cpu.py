@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import thunderkittens as tk
-from thunderkittens import _extension
 from thunderkittens._based import reference
 
-from conftest import pretend_gpu
+from gpu_support import kernel_standin
 
 
 def inputs(b=2, h=3, n=50, f=16, dv=64, dtype=torch.float64, seed=0, requires_grad=False):
@@ -192,17 +191,8 @@ class BasedStandIn:
 
 @pytest.fixture
 def cpu_based(monkeypatch):
-    standin = BasedStandIn()
-    library = torch.library.Library("tk", "IMPL")
-    library.impl("based_fwd_sm80", standin, "CPU")
-    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {"based"})
-    monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((8, 0, "", False),))
-    pretend_gpu(monkeypatch, (9, 0))
-    try:
+    with kernel_standin(monkeypatch, "based_fwd_sm80", "based", BasedStandIn()) as standin:
         yield standin
-    finally:
-        library._destroy()
-        torch._dynamo.reset()
 
 
 def test_kernel_path_reads_a_transposed_layout_in_place(cpu_based):

@@ -25,12 +25,16 @@ are held to 2x PyTorch's autograd of the same math in the input dtype, plus the 
 
 import math
 import re
-import zlib
 
 import pytest
 import torch
 
 import thunderkittens as tk
+from gpu_support import (BASED_FEATURES as FEATURES, BASED_SCALE as DEFAULT_SCALE, BASED_STATE_ROWS as STATE_ROWS,
+                         assert_within_torch_error, based_batch_heads_for as batch_heads_for, based_in_dtype,
+                         based_reference as reference, based_state_from_prefix as state_from_prefix,
+                         based_state_in_dtype as state_in_dtype, max_error, rel_l2_error, require_family_gpu,
+                         seeded)
 
 pytestmark = pytest.mark.gpu
 
@@ -39,60 +43,21 @@ DTYPE_IDS = ["bf16", "fp16"]
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 VALUE_DIMS = [64, 128]
 LENGTHS = [1, 17, 63, 1000, 4097]
-FEATURES = 16
-STATE_ROWS = 1 + FEATURES + FEATURES * FEATURES  # 273
-DEFAULT_SCALE = FEATURES**-0.5
 ERROR_FACTOR = 2.0
 SLACK = 1e-6  # relative to max |ref|: fp32 accumulation noise
 STATE_SLACK = 1e-6
 KERNEL = "kernel tk.based_fwd_sm80 [sm80 mma.sync]"
 
 
-def _build_runs_on(capability):
-    """Whether tk.BUILT_ARCHS holds code for a GPU of ``capability`` (read here, not through the
-    package's own check, so a wrong answer there fails the tests instead of skipping them)."""
-    for arch in tk.BUILT_ARCHS:
-        match = re.fullmatch(r"(\d+)(\d)([af]?)(\+PTX)?", arch)
-        if match is None:
-            continue
-        target = int(match.group(1)), int(match.group(2))
-        if match.group(3) == "a" and target == capability:
-            return True
-        if match.group(3) != "a" and target[0] == capability[0] and target[1] <= capability[1]:
-            return True
-        if match.group(4) and target <= capability:
-            return True
-    return False
-
-
 @pytest.fixture(scope="module", autouse=True)
 def gpu_with_the_based_kernel():
-    """Skips only where the kernel cannot be expected: no CUDA GPU, one older than sm_80, or a
-    build without the based family or without code for this GPU."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    capability = torch.cuda.get_device_capability()
-    if capability < (8, 0):
-        pytest.skip(f"the based kernel needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}")
-    if "based" not in tk.BUILT_OPS:
-        pytest.skip(f"the based family was not compiled into this build ({tk.build_summary()})")
-    if not _build_runs_on(capability):
-        pytest.skip(f"this build has no code for sm_{capability[0]}{capability[1]} ({tk.build_summary()})")
-
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
+    require_family_gpu("based")
 
 
 def make_inputs(batch, heads, length, value_dim, dtype, requires_grad=False):
     q, k, v = (torch.randn(batch, heads, length, dim, device="cuda").to(dtype).requires_grad_(requires_grad)
                for dim in (FEATURES, FEATURES, value_dim))
     return q, k, v
-
-
-def batch_heads_for(length):
-    """Enough (batch, head) pairs to exercise the grid, few enough for the quadratic reference."""
-    return (2, 3) if length <= 1000 else (1, 2)
 
 
 # ---- the kernel path -------------------------------------------------------------------------
@@ -124,88 +89,7 @@ def on_kernel(q, k, v, copies=(), **kwargs):
         return tk.based(q, k, v, **kwargs)
 
 
-# ---- references --------------------------------------------------------------------------------
-
-
-def feature_map(x, scale):
-    """phi(x) = [1, sqrt(scale) x, (scale / sqrt(2)) vec(x x^T)] in x's dtype (273 features)."""
-    quad = (x[..., :, None] * x[..., None, :]).flatten(-2)
-    return torch.cat([torch.ones_like(x[..., :1]), math.sqrt(scale) * x, scale / math.sqrt(2) * quad], -1)
-
-
-def with_ones(v):
-    return torch.cat([v, torch.ones_like(v[..., :1])], -1)
-
-
-def reference(q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=None, want_state=True):
-    """float64 quadratic form (differentiable): o_i = sum_{j<=i} p(s_ij) v_j (+ phi(q_i)^T S0),
-    optionally over sum_j p(s_ij) (+ phi(q_i) . z0) + eps; the final state
-    S0 + sum_j phi(k_j) [v_j, 1]^T."""
-    q, k, v = q.double(), k.double(), v.double()
-    s = scale * (q @ k.transpose(-1, -2))
-    p = (1 + s + s * s / 2).tril()
-    numerator, denominator = p @ v, p.sum(-1)
-    state = feature_map(k, scale).transpose(-1, -2) @ with_ones(v) if want_state else None
-    if initial_state is not None:
-        s0 = initial_state.double()
-        phi_q = feature_map(q, scale)
-        numerator = numerator + phi_q @ s0[..., :-1]
-        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
-        state = state + s0 if want_state else None
-    out = numerator / (denominator + eps)[..., None] if normalize else numerator
-    return out, state
-
-
-def torch_in_dtype(q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=None):
-    """The same math as PyTorch computes it in the inputs' dtype (the output's yardstick)."""
-    s = (q @ k.transpose(-1, -2)) * scale
-    p = (1 + s + s * s / 2).tril()
-    out = p @ v
-    denominator = p.sum(-1)
-    if initial_state is not None:
-        phi_q = feature_map(q, scale)
-        s0 = initial_state.to(q.dtype)
-        out = out + phi_q @ s0[..., :-1]
-        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
-    return out / (denominator + eps)[..., None] if normalize else out
-
-
-def state_in_dtype(k, v, scale=DEFAULT_SCALE, initial_state=None):
-    """phi(k) built in the inputs' dtype, accumulated in fp32 (the state's yardstick)."""
-    state = feature_map(k, scale).float().transpose(-1, -2) @ with_ones(v.float())
-    return state + initial_state if initial_state is not None else state
-
-
-def state_from_prefix(batch, heads, value_dim, scale=DEFAULT_SCALE, length=300):
-    """A state as a sequence leaves it (its quadratic block symmetric), in fp32."""
-    k = torch.randn(batch, heads, length, FEATURES, device="cuda", dtype=torch.float64)
-    v = torch.randn(batch, heads, length, value_dim, device="cuda", dtype=torch.float64)
-    return (feature_map(k, scale).transpose(-1, -2) @ with_ones(v)).float()
-
-
 # ---- checks ----------------------------------------------------------------------------------
-
-
-def max_error(x, ref):
-    return (x.double() - ref).abs().max().item()
-
-
-def rel_l2_error(x, ref):
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
-def assert_within_torch_error(ours, theirs, ref, what):
-    """ours against float64 ``ref``, within 2x the error of ``theirs`` (PyTorch in the input
-    dtype) plus the slack."""
-    assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
-    assert torch.isfinite(ours).all(), f"{what}: non-finite values"
-    magnitude = ref.abs().max().item()
-    mine, torch_err = max_error(ours, ref), max_error(theirs, ref)
-    assert mine <= ERROR_FACTOR * torch_err + SLACK * magnitude, (
-        f"{what}: max error {mine:.3e} > {ERROR_FACTOR} x PyTorch's {torch_err:.3e} (max |ref| {magnitude:.3e})")
-    mine, torch_err = rel_l2_error(ours, ref), rel_l2_error(theirs, ref)
-    assert mine <= ERROR_FACTOR * torch_err + SLACK, (
-        f"{what}: relative L2 error {mine:.3e} > {ERROR_FACTOR} x PyTorch's {torch_err:.3e}")
 
 
 def assert_output_close(out, q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=None,
@@ -213,8 +97,8 @@ def assert_output_close(out, q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=
     """out (the rows ``rows`` of the sequence) against the float64 reference of the whole call."""
     assert out.dtype == q.dtype, out.dtype
     ref, _ = reference(q, k, v, scale, normalize, eps, initial_state, want_state=False)
-    base = torch_in_dtype(q, k, v, scale, normalize, eps, initial_state)
-    assert_within_torch_error(out, base[..., rows, :], ref[..., rows, :], "output")
+    base = based_in_dtype(q, k, v, scale, normalize, eps, initial_state)
+    assert_within_torch_error(out, base[..., rows, :], ref[..., rows, :], "output", ERROR_FACTOR, SLACK)
 
 
 def assert_state_close(state, q, k, v, scale=DEFAULT_SCALE, initial_state=None):
@@ -442,13 +326,13 @@ def test_gradients_match_float64_autograd(dtype, normalize):
     expected = torch.autograd.grad((ref_out * grad_out.double()).sum() + (ref_state * grad_state.double()).sum(), fp64)
 
     in_dtype = [t.detach().requires_grad_() for t in leaves]
-    base_out = torch_in_dtype(*in_dtype[:3], normalize=normalize, initial_state=in_dtype[3])
+    base_out = based_in_dtype(*in_dtype[:3], normalize=normalize, initial_state=in_dtype[3])
     base_state = state_in_dtype(in_dtype[1], in_dtype[2], initial_state=in_dtype[3])
     yardstick = torch.autograd.grad((base_out.float() * grad_out).sum() + (base_state * grad_state).sum(), in_dtype)
 
     for name, leaf, got, want, theirs in zip(("q", "k", "v", "initial_state"), leaves, ours, expected, yardstick):
         assert got.dtype == leaf.dtype, (name, got.dtype)
-        assert_within_torch_error(got, theirs, want, f"grad of {name}")
+        assert_within_torch_error(got, theirs, want, f"grad of {name}", ERROR_FACTOR, SLACK)
 
 
 # ---- compile, graphs, streams ----------------------------------------------------------------

@@ -27,25 +27,24 @@ Benchmark (B=16, H=16, Dv=64 and 128, N=1k..16k, against flash-linear-attention 
     python tests/test_based_kernel_gpu.py
 """
 
-import math
-import zlib
-
 import pytest
 import torch
 
 import thunderkittens  # noqa: F401  (loads the extension: registers torch.ops.tk.*)
+from gpu_support import (BASED_FEATURES as FEATURES, BASED_SCALE as DEFAULT_SCALE, BASED_STATE_ROWS as STATE_ROWS,
+                         assert_within_torch_error, based_batch_heads_for as batch_heads_for, based_in_dtype,
+                         based_reference as reference, based_state_from_prefix as state_from_prefix,
+                         based_state_in_dtype as state_in_dtype, rel_l2_error, require_kernel_op,
+                         seeded)
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.bfloat16, torch.float16]
 VALUE_DIMS = [64, 128]
 LENGTHS = [1, 17, 63, 64, 65, 1000, 4097]
-FEATURES = 16
-STATE_ROWS = 1 + FEATURES + FEATURES * FEATURES  # 273
 ERROR_FACTOR = 2.0
 SLACK = 1e-6  # relative to max |ref|: fp32 accumulation noise
 STATE_SLACK = 1e-6
-DEFAULT_SCALE = FEATURES**-0.5
 
 
 def op(q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=None, output_final_state=False):
@@ -54,24 +53,11 @@ def op(q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=No
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_must_run_here():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the kernel needs sm_80 or newer")
-    if not hasattr(torch.ops.tk, "based_fwd_sm80"):
-        pytest.skip("this build has no tk::based_fwd_sm80 schema")
-    q = torch.zeros(1, 1, 1, FEATURES, device="cuda", dtype=torch.bfloat16)
-    v = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
-    try:
-        op(q, q, v)
-    except RuntimeError as error:
-        if "not compiled" in str(error):
-            pytest.skip(f"based family not built: {error}")
-        raise
+    def probe():
+        q = torch.zeros(1, 1, 1, FEATURES, device="cuda", dtype=torch.bfloat16)
+        op(q, q, torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16))
 
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
+    require_kernel_op("based", "based_fwd_sm80", probe)
 
 
 def make_inputs(batch, heads, length, value_dim, dtype, v_mean=0.0):
@@ -81,62 +67,7 @@ def make_inputs(batch, heads, length, value_dim, dtype, v_mean=0.0):
     return q, k, v
 
 
-# ---- references ------------------------------------------------------------------------------
-
-
-def feature_map(x, scale):
-    """phi(x) = [1, sqrt(scale) x, (scale / sqrt(2)) vec(x x^T)] in x's dtype (273 features)."""
-    quad = (x[..., :, None] * x[..., None, :]).flatten(-2)
-    return torch.cat([torch.ones_like(x[..., :1]), math.sqrt(scale) * x, scale / math.sqrt(2) * quad], -1)
-
-
-def with_ones(v):
-    return torch.cat([v, torch.ones_like(v[..., :1])], -1)
-
-
-def reference(q, k, v, scale, normalize=False, eps=1e-6, initial_state=None, want_state=True):
-    """float64 quadratic form: o_i = sum_{j<=i} p(s_ij) v_j (+ phi(q_i)^T S0), optionally over the
-    same sum of p (+ phi(q_i) . z0) + eps; the final state S0 + sum_j phi(k_j) [v_j, 1]^T."""
-    q, k, v = q.double(), k.double(), v.double()
-    s = scale * (q @ k.transpose(-1, -2))
-    p = (1 + s + s * s / 2).tril()
-    numerator, denominator = p @ v, p.sum(-1)
-    state = feature_map(k, scale).transpose(-1, -2) @ with_ones(v) if want_state else None
-    if initial_state is not None:
-        s0 = initial_state.double()
-        phi_q = feature_map(q, scale)
-        numerator = numerator + phi_q @ s0[..., :-1]
-        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
-        state = state + s0 if want_state else None
-    out = numerator / (denominator + eps)[..., None] if normalize else numerator
-    return out, state
-
-
-def torch_in_dtype(q, k, v, scale, normalize=False, eps=1e-6, initial_state=None):
-    """The same math as PyTorch computes it in the inputs' dtype (the tolerance's yardstick)."""
-    s = (q @ k.transpose(-1, -2)) * scale
-    p = (1 + s + s * s / 2).tril()
-    out = p @ v
-    denominator = p.sum(-1)
-    if initial_state is not None:
-        phi_q = feature_map(q, scale)
-        s0 = initial_state.to(q.dtype)
-        out = out + phi_q @ s0[..., :-1]
-        denominator = denominator + (phi_q @ s0[..., -1:])[..., 0]
-    return out / (denominator + eps)[..., None] if normalize else out
-
-
-def state_in_dtype(k, v, scale, initial_state=None):
-    """phi(k) built in the inputs' dtype, accumulated in fp32 (the state's yardstick)."""
-    state = feature_map(k, scale).float().transpose(-1, -2) @ with_ones(v.float())
-    return state + initial_state if initial_state is not None else state
-
-
-def state_from_prefix(batch, heads, value_dim, scale, length=300, v_mean=0.0):
-    """A state as a sequence leaves it (symmetric quadratic block), in fp32."""
-    k = torch.randn(batch, heads, length, FEATURES, device="cuda", dtype=torch.float64)
-    v = torch.randn(batch, heads, length, value_dim, device="cuda", dtype=torch.float64) + v_mean
-    return (feature_map(k, scale).transpose(-1, -2) @ with_ones(v)).float()
+# ---- checks ----------------------------------------------------------------------------------
 
 
 def symmetric_part(state):
@@ -146,29 +77,11 @@ def symmetric_part(state):
     return torch.cat([state[..., : 1 + FEATURES, :], quad.flatten(-3, -2)], -2)
 
 
-# ---- checks ----------------------------------------------------------------------------------
-
-
-def max_error(x, ref):
-    return (x.double() - ref).abs().max().item()
-
-
-def rel_l2_error(x, ref):
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
 def assert_output_close(out, q, k, v, scale, normalize=False, eps=1e-6, initial_state=None):
     ref, _ = reference(q, k, v, scale, normalize, eps, initial_state, want_state=False)
-    base = torch_in_dtype(q, k, v, scale, normalize, eps, initial_state)
-    assert out.shape == ref.shape and out.dtype == q.dtype
-    assert torch.isfinite(out).all(), "non-finite output"
-    magnitude = ref.abs().max().item()
-    ours, theirs = max_error(out, ref), max_error(base, ref)
-    assert ours <= ERROR_FACTOR * theirs + SLACK * magnitude, (
-        f"max error {ours:.3e} > {ERROR_FACTOR} x PyTorch's {theirs:.3e} (max |ref| {magnitude:.3e})")
-    ours, theirs = rel_l2_error(out, ref), rel_l2_error(base, ref)
-    assert ours <= ERROR_FACTOR * theirs + SLACK, (
-        f"relative L2 error {ours:.3e} > {ERROR_FACTOR} x PyTorch's {theirs:.3e}")
+    base = based_in_dtype(q, k, v, scale, normalize, eps, initial_state)
+    assert out.dtype == q.dtype, out.dtype
+    assert_within_torch_error(out, base, ref, "output", ERROR_FACTOR, SLACK)
 
 
 def assert_state_close(state, q, k, v, scale, initial_state=None, expected=None):
@@ -183,11 +96,6 @@ def assert_state_close(state, q, k, v, scale, initial_state=None, expected=None)
     ours, theirs = rel_l2_error(state, expected), rel_l2_error(base, expected)
     assert ours <= ERROR_FACTOR * theirs + STATE_SLACK, (
         f"state relative error {ours:.3e} > {ERROR_FACTOR} x PyTorch's {theirs:.3e}")
-
-
-def batch_heads_for(length):
-    """Enough (batch, head) pairs to exercise the grid, few enough for the quadratic reference."""
-    return (2, 3) if length <= 1000 else (1, 2)
 
 
 # ---- outputs ---------------------------------------------------------------------------------

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import thunderkittens as tk
-from thunderkittens import _extension
 from thunderkittens._fftconv import plan, reference
 
-from conftest import pretend_gpu
+from gpu_support import kernel_standin
 
 
 def make(b=2, h=3, n=40, nk=None, dtype=torch.float64, seed=0, gates=False, requires_grad=False):
@@ -106,18 +105,9 @@ class FFTConvStandIn:
 
 @pytest.fixture
 def cpu_fftconv(monkeypatch):
-    standin = FFTConvStandIn()
-    library = torch.library.Library("tk", "IMPL")
-    library.impl("fftconv", standin, "CPU")
-    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {"fftconv"})
-    monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((8, 0, "", False),))
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
-    pretend_gpu(monkeypatch, (9, 0))
-    try:
+    with kernel_standin(monkeypatch, "fftconv", "fftconv", FFTConvStandIn()) as standin:
         yield standin
-    finally:
-        library._destroy()
-        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048)])

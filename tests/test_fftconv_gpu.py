@@ -35,12 +35,13 @@ fp32 and fp64 inputs (torch.fft in their own precision): relative L2 and max <= 
 
 import math
 import re
-import zlib
 
 import pytest
 import torch
 
 import thunderkittens as tk
+from gpu_support import (fftconv_reference as reference, kernel_length, make_filter, make_gates,
+                         require_family_gpu, seeded)
 from thunderkittens import _extension
 from thunderkittens._fftconv import api as fftconv_api
 from thunderkittens._fftconv import plan as fftconv_plan
@@ -59,63 +60,15 @@ GATES = ["none", "pre", "post", "both"]
 KERNEL = "kernel tk.fftconv_fwd_sm80 [sm80 mma.sync]"
 
 
-def _build_runs_on(capability):
-    """Whether tk.BUILT_ARCHS holds code for a GPU of ``capability`` (read here, not through the
-    package's own check, so a wrong answer there fails the tests instead of skipping them)."""
-    for arch in tk.BUILT_ARCHS:
-        match = re.fullmatch(r"(\d+)(\d)([af]?)(\+PTX)?", arch)
-        if match is None:
-            continue
-        target = int(match.group(1)), int(match.group(2))
-        if match.group(3) == "a" and target == capability:
-            return True
-        if match.group(3) != "a" and target[0] == capability[0] and target[1] <= capability[1]:
-            return True
-        if match.group(4) and target <= capability:
-            return True
-    return False
-
-
 @pytest.fixture(scope="module", autouse=True)
 def gpu_with_the_fftconv_kernel():
-    """Skips only where the kernel cannot be expected: no CUDA GPU, one older than sm_80, or a
-    build without the fftconv family or without code for this GPU."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    capability = torch.cuda.get_device_capability()
-    if capability < (8, 0):
-        pytest.skip(f"the fftconv kernel needs sm_80 or newer, this GPU is sm_{capability[0]}{capability[1]}")
-    if "fftconv" not in tk.BUILT_OPS:
-        pytest.skip(f"the fftconv family was not compiled into this build ({tk.build_summary()})")
-    if not _build_runs_on(capability):
-        pytest.skip(f"this build has no code for sm_{capability[0]}{capability[1]} ({tk.build_summary()})")
+    require_family_gpu("fftconv")
 
 
 def test_the_kernel_lengths():
     """The kernels cover N = 256 .. 4096 (FFTs of 512 .. 8192 points); longer N go to torch.fft."""
     assert tuple(fftconv_plan.KERNEL_LENGTHS) == tuple(KERNEL_LENGTHS)
     assert sorted(_extension.FFTCONV_SHARED_BYTES) == [2 * n for n in KERNEL_LENGTHS]
-
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def kernel_length(n):
-    """The kernel a length-n call runs: the next power of two, at least 256."""
-    return max(256, 1 << (n - 1).bit_length())
-
-
-def make_filter(heads, length, dtype=torch.float32):
-    """Hyena-like filters: noise under an exponential decay."""
-    decay = torch.exp(-torch.arange(length, device="cuda") / max(1.0, length / 8))
-    return (torch.randn(heads, length, device="cuda") * decay).to(dtype)
-
-
-def make_gates(shape, dtype, gates):
-    pre = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("pre", "both") else None
-    post = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("post", "both") else None
-    return pre, post
 
 
 # ---- the kernel path -------------------------------------------------------------------------
@@ -156,26 +109,6 @@ def on_kernel(u, k, pregate=None, postgate=None, copies=()):
 
 
 # ---- reference and checks --------------------------------------------------------------------
-
-
-def reference(u, k, pregate=None, postgate=None):
-    """float64 causal convolution y[t] = sum_{s <= t} u[s] k[t - s] (times the gates), by FFT of
-    length 2N, in chunks of heads to bound memory; differentiable."""
-    n = u.shape[-1]
-    fft_size = 2 * n
-    step = max(1, (1 << 24) // (u.shape[0] * fft_size))
-    pieces = []
-    for h0 in range(0, u.shape[1], step):
-        h1 = min(h0 + step, u.shape[1])
-        x = u[:, h0:h1].double()
-        if pregate is not None:
-            x = x * pregate[:, h0:h1].double()
-        y = torch.fft.irfft(torch.fft.rfft(x, n=fft_size) * torch.fft.rfft(k[h0:h1].double(), n=fft_size),
-                            n=fft_size)[..., :n]
-        if postgate is not None:
-            y = y * postgate[:, h0:h1].double()
-        pieces.append(y)
-    return torch.cat(pieces, 1)
 
 
 def assert_within(got, ref, rel_bound, max_bound, what):

@@ -23,12 +23,13 @@ Benchmark (B=16, H=1024, every kernel length, against torch.fft in fp32):
 """
 
 import math
-import zlib
 
 import pytest
 import torch
 
 import thunderkittens  # noqa: F401  (loads the extension: registers torch.ops.tk.*)
+from gpu_support import (fftconv_reference as reference, kernel_length, make_filter, make_gates,
+                         require_kernel_op, seeded)
 
 pytestmark = pytest.mark.gpu
 
@@ -40,61 +41,14 @@ MAX_FACTOR = 4.0
 GATES = ["none", "pre", "post", "both"]
 
 
-def kernel_length(n):
-    """The kernel a length-n call runs: the next power of two, at least 256."""
-    return max(256, 1 << (n - 1).bit_length())
-
-
 @pytest.fixture(scope="module", autouse=True)
 def kernel_must_run_here():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the kernel needs sm_80 or newer")
-    u = torch.zeros(1, 1, 256, device="cuda", dtype=torch.bfloat16)
-    try:
+    def probe():
         spectrum = torch.ops.tk.fftconv_filter_spectrum(torch.zeros(1, 1, device="cuda"), 512)
+        u = torch.zeros(1, 1, 256, device="cuda", dtype=torch.bfloat16)
         torch.ops.tk.fftconv_fwd_sm80(u, spectrum, None, None, 512)
-    except RuntimeError as error:
-        if "not compiled" in str(error):
-            pytest.skip(f"fftconv family not built: {error}")
-        raise
 
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def make_filter(heads, length):
-    """Hyena-like filters: noise under an exponential decay."""
-    decay = torch.exp(-torch.arange(length, device="cuda") / max(1.0, length / 8))
-    return torch.randn(heads, length, device="cuda") * decay
-
-
-def make_gates(shape, dtype, gates):
-    pre = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("pre", "both") else None
-    post = torch.randn(shape, device="cuda", dtype=dtype) if gates in ("post", "both") else None
-    return pre, post
-
-
-def reference(u, k, pregate=None, postgate=None):
-    """float64 causal convolution y[t] = sum_{s <= t} u[s] k[t - s] (times the gates), by FFT of
-    length 2N, in chunks of heads to bound memory."""
-    n = u.shape[-1]
-    fft_size = 2 * n
-    out = torch.empty(u.shape, dtype=torch.float64, device=u.device)
-    step = max(1, (1 << 24) // (u.shape[0] * fft_size))
-    for h0 in range(0, u.shape[1], step):
-        h1 = min(h0 + step, u.shape[1])
-        x = u[:, h0:h1].double()
-        if pregate is not None:
-            x = x * pregate[:, h0:h1].double()
-        y = torch.fft.irfft(torch.fft.rfft(x, n=fft_size) * torch.fft.rfft(k[h0:h1].double(), n=fft_size),
-                            n=fft_size)[..., :n]
-        if postgate is not None:
-            y = y * postgate[:, h0:h1].double()
-        out[:, h0:h1] = y
-    return out
+    require_kernel_op("fftconv", "fftconv_fwd_sm80", probe)
 
 
 def fftconv(u, k, pregate=None, postgate=None, fft_size=None):

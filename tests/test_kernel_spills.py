@@ -11,16 +11,13 @@ with use_kernel("sm80")) has one or two local loads in its non-causal loop; the 
 compiled for its own targets (sm_80, sm_86, sm_89) is checked.
 """
 
-import importlib
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+from test_sass_loops import sass_loops  # noqa: F401  (the fixture: tools/sass_loops.py, imported)
 
 
 def find_cuobjdump():
@@ -30,16 +27,6 @@ def find_cuobjdump():
 
     candidate = os.path.join(CUDA_HOME or "/usr/local/cuda", "bin", "cuobjdump")
     return candidate if os.access(candidate, os.X_OK) else None
-
-
-@pytest.fixture(scope="module")
-def sass_loops():
-    # Imported here, not at collection: tools/ is not a package and not on the path.
-    sys.path.insert(0, str(TOOLS))
-    try:
-        return importlib.import_module("sass_loops")
-    finally:
-        sys.path.remove(str(TOOLS))
 
 
 def is_forced_only(traffic) -> bool:
