@@ -168,13 +168,16 @@ def test_a_head_dim_whose_copy_is_no_better_is_not_copied(cpu_kernel, sdpa):
     assert tk.explain(q, k, q).copies == ("key",)
 
 
-def test_misaligned_float_mask_is_copied(cpu_kernel, sdpa):
+def test_a_mask_is_rebuilt_not_copied(cpu_kernel, sdpa):
+    # A tensor mask on the GPU is rebuilt for SDPA anyway (rows that see no key: below), in a new
+    # allocation: a misaligned one needs no copy of its own.
     q, k, v = (torch.randn(2, 4, 16, 80, dtype=torch.bfloat16) for _ in range(3))
     mask = torch.randn(16, 16 + 8, dtype=torch.bfloat16)[:, 4:20]
     plan = tk.explain(q, k, v, attn_mask=mask)
-    assert plan.copies == ("attn_mask",), str(plan)
+    assert plan.copies == (), str(plan)
     out = tk.attention(q, k, v, attn_mask=mask)
-    assert aligned_for_sdpa(sdpa.calls[0]["attn_mask"])
+    given = sdpa.calls[0]["attn_mask"]
+    assert given is not mask and aligned_for_sdpa(given) and torch.equal(given, mask)
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask.contiguous()))
 
 
@@ -276,3 +279,96 @@ def test_rows_that_see_no_key_under_compile(cpu_kernel):
     out.sum().backward()
     assert torch.all(out[:, :, :23] == 0) and torch.all(q.grad[:, :, :23] == 0)
     torch.testing.assert_close(out, f(q, k, v))
+
+
+# ---- rows a boolean or additive mask leaves no key -------------------------------------------------
+
+def naive_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
+    """softmax(q k^T * scale + mask) v, written out: NaN in a row the mask leaves no key, and NaN
+    gradients, as SDPA's fused CUDA backends gave."""
+    assert not is_causal and dropout_p == 0.0
+    if enable_gqa:
+        ratio = query.shape[-3] // key.shape[-3]
+        key, value = (t.repeat_interleave(ratio, dim=-3) for t in (key, value))
+    scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.mT) * scale
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask)
+    return torch.softmax(scores.float(), dim=-1).to(query.dtype) @ value
+
+
+def mask_with_empty_rows(kind, shape, empty_rows, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.rand(shape, generator=gen) < 0.6
+    keep[..., 0] = True
+    keep[..., empty_rows, :] = False
+    if kind == "bool":
+        return keep
+    return (torch.randn(shape, generator=gen) * 2).masked_fill(~keep, -math.inf).to(dtype)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("shape", ["2d", "heads", "expanded"])
+def test_mask_rows_that_see_no_key_are_zero_with_zero_gradients(cpu_kernel, monkeypatch, kind,
+                                                                shape):
+    """Through an SDPA that gives NaN for such rows (as the fused CUDA backends did): 0 out,
+    0 gradients, everything else the definition's answer."""
+    monkeypatch.setattr(attention_api, "F", SimpleNamespace(scaled_dot_product_attention=naive_sdpa))
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 9, 32, requires_grad=True)
+    k, v = (torch.randn(2, 2, 11, 32, requires_grad=True) for _ in range(2))
+    empty = [0, 4, 8]
+    if shape == "2d":
+        mask = mask_with_empty_rows(kind, (9, 11), empty)
+    elif shape == "heads":
+        mask = mask_with_empty_rows(kind, (2, 4, 9, 11), empty)
+    else:
+        mask = mask_with_empty_rows(kind, (2, 1, 9, 11), empty).expand(2, 4, 9, 11)
+    assert not tk.explain(q, k, v, attn_mask=mask, enable_gqa=True).uses_kernel
+    out = tk.attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    grad_out = torch.randn(out.shape)
+    out.backward(grad_out)
+    assert torch.all(out[:, :, empty] == 0) and torch.all(q.grad[:, :, empty] == 0)
+    for t in (out, q.grad, k.grad, v.grad):
+        assert torch.isfinite(t).all()
+    # The float64 definition, rows that see no key 0.
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    visible = mask if kind == "bool" else mask != -math.inf
+    scores = (q64 @ k64.repeat_interleave(2, 1).mT) / math.sqrt(32)
+    scores = scores + (0 if kind == "bool" else mask.double().masked_fill(~visible, 0))
+    scores = scores.masked_fill(~visible, -math.inf)
+    rows = visible.any(-1, keepdim=True)
+    probs = torch.softmax(scores.masked_fill(~rows, 0), -1).masked_fill(~rows, 0)
+    ref = probs @ v64.repeat_interleave(2, 1)
+    ref.backward(grad_out.double())
+    for ours, theirs in ((out, ref), (q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        torch.testing.assert_close(ours.double(), theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_mask_rows_guard_keeps_nan_inputs_nan(cpu_kernel):
+    """The guard zeroes rows that see no key only: a NaN in a query row still gives NaN."""
+    q = torch.randn(1, 2, 5, 32)
+    q[0, 1, 2, 7] = math.nan
+    k = v = torch.randn(1, 2, 6, 32)
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[3] = False
+    out = tk.attention(q, k, v, attn_mask=mask)
+    assert torch.isnan(out[0, 1, 2]).all() and torch.all(out[:, :, 3] == 0)
+    assert torch.isfinite(out[0, 0]).all()
+
+
+def test_mask_rows_guard_under_compile(cpu_kernel):
+    torch._dynamo.reset()
+    q = torch.randn(2, 4, 9, 32, requires_grad=True)
+    k = v = torch.randn(2, 4, 11, 32)
+    mask = mask_with_empty_rows("bool", (9, 11), [2, 5])
+
+    def f(q, k, v, mask):
+        return tk.attention(q, k, v, attn_mask=mask)
+
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, mask)
+    out.sum().backward()
+    assert torch.all(out[:, :, [2, 5]] == 0) and torch.all(q.grad[:, :, [2, 5]] == 0)
+    torch.testing.assert_close(out, f(q, k, v, mask))

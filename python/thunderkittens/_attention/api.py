@@ -32,8 +32,10 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     ``causal_lower_right(Lq, Lk)`` (query i sees keys j <= i + Lk - Lq), both on the kernel for
     any lengths. With Lq > Lk, lower-right query rows i < Lq - Lk see no key: their output
     rows are 0 and their gradients 0, on every path (as with FlashAttention; the SDPA fallback
-    runs SDPA on the other rows only, where SDPA's fused backends would give NaN). With
-    enable_gqa, key/value are used with their own head count (no repeated copies).
+    runs SDPA on the other rows only, where SDPA's fused backends would give NaN). So do the
+    rows a boolean or additive attn_mask leaves no key (all False or all -inf; on a GPU SDPA
+    gets them seeing every key, and they are set to 0 after). With enable_gqa, key/value are
+    used with their own head count (no repeated copies).
 
     Inputs whose layout the kernel cannot read directly (last dim not contiguous, other strides
     not multiples of 16 bytes, data not 16-byte aligned) are copied once with .contiguous().
@@ -67,6 +69,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
                 "attn_mask": call.attn_mask}
     for name in call.copies:
         operands[name] = _scaffold.fresh_copy(operands[name])
+    seen = None
+    if call.guard_mask_rows:
+        operands["attn_mask"], seen = _guard_mask_rows(operands["attn_mask"])
     run = lambda: F.scaled_dot_product_attention(  # noqa: E731
         operands["query"], operands["key"], operands["value"], attn_mask=operands["attn_mask"],
         dropout_p=dropout_p, is_causal=call.is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -75,9 +80,26 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             out = run()
     else:
         out = run()
+    if seen is not None:
+        out = torch.where(seen, out, 0.0)
     if hidden:
         out = torch.cat([out.new_zeros(out.shape[:-2] + (hidden, out.shape[-1])), out], dim=-2)
     return out
+
+
+def _guard_mask_rows(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask for SDPA, seen): the mask with every query row that sees no key (all False, or all
+    -inf) made to see every key, and ``seen`` (mask's leading shape, Lq, 1), False for those rows
+    (their output is set to 0). Leading dims the mask was expanded over (stride 0) stay size 1,
+    so the new mask is no larger than the memory the caller's took."""
+    index = tuple(slice(0, 1) if mask.stride(dim) == 0 and mask.shape[dim] > 1 else slice(None)
+                  for dim in range(mask.dim() - 2))
+    mask = mask[index]
+    if mask.dtype == torch.bool:
+        seen = mask.any(dim=-1, keepdim=True)
+        return mask | ~seen, seen
+    seen = (mask != float("-inf")).any(dim=-1, keepdim=True)
+    return mask.masked_fill(~seen, 0.0), seen
 
 
 def explain_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

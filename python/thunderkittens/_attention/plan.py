@@ -222,7 +222,11 @@ def _read_in_place(t: torch.Tensor) -> bool:
 #  * causal_lower_right with Lq > Lk: the first Lq - Lk query rows see no key. SDPA's fused
 #    backends return NaN there (and NaN gradients); SDPA runs on the last Lk query rows only,
 #    for which the mask is plain is_causal on a square problem, and zero rows go in front: 0 out
-#    and 0 gradients, the kernels' answer.
+#    and 0 gradients, the kernels' answer;
+#  * a boolean or additive attn_mask on the kernels' device: a query row it leaves no key (all
+#    False, or all -inf) is given every key for SDPA (so nothing is NaN, forward or backward),
+#    and its output row is set to 0 after: 0 out and 0 gradients, as SDPA's math backend gives
+#    (its fused CUDA backends gave NaN).
 
 
 class Fallback(NamedTuple):
@@ -232,6 +236,7 @@ class Fallback(NamedTuple):
     attn_mask: object
     is_causal: bool
     copies: tuple[str, ...]  # operands handed to SDPA as fresh contiguous copies
+    guard_mask_rows: bool = False  # mask rows that see no key: every key for SDPA, 0 after
 
 
 def fallback_call(query, key, value, attn_mask, is_causal) -> Fallback:
@@ -245,10 +250,14 @@ def fallback_call(query, key, value, attn_mask, is_causal) -> Fallback:
         attn_mask, is_causal = None, True
     operands = [("query", query[..., hidden:, :] if hidden else query), ("key", key),
                 ("value", value)]
-    if isinstance(attn_mask, torch.Tensor):
+    # A boolean or additive mask (a CausalBias is a Tensor subclass too, with no data). A
+    # guarded mask is rebuilt in a new allocation anyway: it needs no copy.
+    tensor_mask = isinstance(attn_mask, torch.Tensor) and not isinstance(attn_mask, CausalBias)
+    guard = tensor_mask and attn_mask.device.type == _scaffold.KERNEL_DEVICE_TYPE
+    if tensor_mask and not guard:
         operands.append(("attn_mask", attn_mask))
     copies = tuple(name for name, t in operands if _scaffold.peer_needs_copy(t))
-    return Fallback(hidden, attn_mask, is_causal, copies)
+    return Fallback(hidden, attn_mask, is_causal, copies, guard)
 
 
 def explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> AttentionPlan:
