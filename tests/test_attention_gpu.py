@@ -5,9 +5,10 @@ CUDA graphs, torch.compile, opcheck, and the fallbacks (torch.export: test_expor
 
 Tolerance (tests/differential/tolerance.py, the rule of every test): with ``ref`` the float64
 answer on the same bf16/fp16 inputs, our max-abs error must be <= 2 x the max-abs error of
-F.scaled_dot_product_attention (default backend) + max(1e-5, eps(dtype) / 16 * max|ref|), and
-our relative L2 error <= 2 x SDPA's + 1e-6. lse (float32 from exact bf16/fp16 products) is held
-to LSE_ATOL.
+F.scaled_dot_product_attention (default backend, on contiguous copies) + one rounding to the
+dtype at the largest value, and our relative L2 error <= 2 x SDPA's + one rounding at the
+largest value on 32 elements (relative). lse (float32 from exact bf16/fp16 products) is held to
+LSE_ATOL.
 
 The tests skip only without a GPU, or for a family on a GPU it is not for (sm90: sm_90 only);
 where a family should run, explain naming no kernel fails the test (tests/kernel_required.py).
@@ -444,6 +445,7 @@ def test_cuda_graph_capture_and_replay():
 # 2 x 16 heads of 18 query blocks are 4 rounds of 132 and 48 tasks more).
 FIRST_PAIRED_CALL_IN_A_GRAPH = """
     import torch, thunderkittens as tk
+    from differential.tolerance import assert_close
     torch.manual_seed(0)
     q = torch.randn(2, 16, 3300, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, 4, 3200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -458,12 +460,7 @@ FIRST_PAIRED_CALL_IN_A_GRAPH = """
         kk, vv = (t.double().repeat_interleave(4, dim=1) for t in (k, v))
         ref = torch.softmax(q.double() @ kk.mT / 128 ** 0.5, dim=-1) @ vv
         theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        # The tolerance rule of every test (tests/differential/tolerance.py).
-        err, err_theirs = ((t.double() - ref).abs().max().item() for t in (out, theirs))
-        slack = max(1e-5, torch.finfo(torch.bfloat16).eps / 16 * ref.abs().max().item())
-        assert err <= 2 * err_theirs + slack, (err, err_theirs, slack)
-        rel, rel_theirs = ((t.double() - ref).norm().item() / ref.norm().item() for t in (out, theirs))
-        assert rel <= 2 * rel_theirs + 1e-6, (rel, rel_theirs)
+        assert_close("output", out, ref, theirs)  # the rule of every test
     print("ok")
 """
 

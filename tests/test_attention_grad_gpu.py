@@ -8,8 +8,9 @@ with tk.attention against the same model trained with SDPA.
 Tolerance (tests/differential/tolerance.py, the rule of every test): with ``ref`` the float64
 gradient (tests/reference.py) on the same bf16/fp16 inputs and grad_out, the max-abs error of
 each of our gradients must be <= 2 x the max-abs error of F.scaled_dot_product_attention's
-backward (default backend, same inputs) + max(1e-5, eps(dtype) / 16 * max|ref|), and its
-relative L2 error <= 2 x SDPA's + 1e-6. Between runs, dk and dv are bitwise the same (the
+backward (default backend, same inputs) + one rounding to the dtype at the largest value, and
+its relative L2 error <= 2 x SDPA's + one rounding at the largest value on 32 elements
+(relative). Between runs, dk and dv are bitwise the same (the
 backward sums them in a fixed order); dq, summed in arrival order unless deterministic, is held
 to the reference.
 
@@ -174,6 +175,25 @@ def test_lower_right_gradients_match_reference(len_q, len_kv, dtype, head_dim, r
     public = tuple(t.grad for t in leaves)
     assert_same_dk_dv(public, grads, "the public API against the op")
     assert_grads_close(grads, q, k, v, grad_out, True, scale, lower_right=True, also=(public,))
+
+
+# causal_lower_right with Lq > Lk on tiny problems: the differential suite found dq 10-20x
+# PyTorch's error on the sm90 backward (minimal example causal_lower_right(4, 3), bf16, d64), where
+# the long lengths above pass. The first Lq - Lk rows see no key; the others see 1..Lk keys.
+TINY_LOWER_RIGHT = [(4, 3), (3, 2), (2, 1), (5, 3), (9, 4), (65, 63), (130, 127)]
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("len_q, len_kv", TINY_LOWER_RIGHT)
+def test_lower_right_gradients_tiny_lq_above_lk(len_q, len_kv, dtype, head_dim, ratio):
+    seeded("grad-lower-right-tiny", len_q, len_kv, dtype, head_dim, ratio)
+    q, k, v = make_qkv(1, 2 * ratio, 2, len_q, len_kv, head_dim, dtype)
+    grad_out = randn(q.shape, dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    grads = op_grads(q, k, v, grad_out, True, scale, lower_right=True)
+    assert_grads_close(grads, q, k, v, grad_out, True, scale, lower_right=True)
 
 
 def test_gradients_with_explicit_scale():
