@@ -573,6 +573,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R>::THREADS, 1)
                 re = make_float2(fmaf(r0.x, w0.x, i0.x * w0.y), fmaf(r0.y, w1.x, i0.y * w1.y));
                 im = make_float2(fmaf(i0.x, w0.x, -r0.x * w0.y), fmaf(i0.y, w1.x, -r0.y * w1.y));
             });
+            // Tile k_r is overwritten in place: each lane stores into rows that other lanes' ldmatrix
+            // read above, so those reads must be done first (a write-after-read within the warp).
+            __syncwarp();
             store_to<T>(acc.re, at_kr(re));
             store_to<T>(acc.im, at_kr(im));
         }
