@@ -14,8 +14,8 @@
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
 #   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
-#   TK_PYTEST_ARGS    extra arguments for pytest (default "-n 8" where pytest-xdist is installed:
-#                     the GPU tests are independent and the GPU has room for several at once)
+#   TK_PYTEST_ARGS    extra arguments for pytest (default where pytest-xdist is installed: "-n 8"
+#                     on GPUs of more than 100 GB, "-n 4" below: the GPU tests are independent)
 #   TK_CHECK_BUDGET_S seconds the whole check may take (default 570, to fit a 10-minute limit on
 #                     one command); steps are cut short or skipped so the summary still prints
 #   PYTHON            interpreter (default python3)
@@ -156,7 +156,10 @@ if want test; then
     banner "pytest"
     rm -f "$OUT/junit.xml"
     if [[ -z ${TK_PYTEST_ARGS+set} ]] && "$PY" -c "import xdist" 2> /dev/null; then
-        TK_PYTEST_ARGS="-n 8"
+        # 8 workers (each with the differential suite's case servers) ran an 80 GB H100 out of
+        # memory; the 139 GB H200 takes them.
+        GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+        if [[ ${GPU_MIB:-0} -gt 100000 ]]; then TK_PYTEST_ARGS="-n 8"; else TK_PYTEST_ARGS="-n 4"; fi
     fi
     # shellcheck disable=SC2086  # TK_PYTEST_ARGS is a list of words
     # -v: one line per test as it ends, so a run cut short by the time limit still names its
