@@ -9,7 +9,7 @@ values (tests/differential/fallback_layouts.py lists them). Rows that see no key
 (causal_lower_right with Lq > Lk) must be 0, with 0 gradient, whichever path runs.
 
 Each case runs in the test worker's case server (tests/differential/worker.py), so a fault
-costs one case, not the rest of the session.
+costs one case, not the rest of the pytest run.
 """
 
 import pytest

@@ -1,5 +1,5 @@
 """A case server: GPU jobs run in a separate, long-lived Python process, so that a CUDA fault
-or a hang costs one job, not the test session, while the process start (torch import, CUDA
+or a hang costs one job, not the whole pytest run, while the process start (torch import, CUDA
 context) is paid once per test worker, not once per case.
 
 A kernel fault (``misaligned address``, ``illegal memory access``) poisons the process's CUDA
