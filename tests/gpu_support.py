@@ -73,14 +73,13 @@ def require_kernel_op(family, op_name, probe):
 @contextlib.contextmanager
 def kernel_standin(monkeypatch, op_name, family, standin):
     """``standin`` as the CPU implementation of torch.ops.tk.<op_name>, with the package believing
-    that a build of ``family`` for sm_80 runs on an sm_90 GPU: CPU tests reach the kernel path
+    that a build with ``family`` and sm_90a code runs on an sm_90 GPU (whatever this build's targets): CPU tests reach the kernel path
     and see what it hands the op. Undone on exit."""
-    from conftest import pretend_gpu
+    from conftest import pretend_gpu, pretend_sm90_build
 
     library = torch.library.Library("tk", "IMPL")
     library.impl(op_name, standin, "CPU")
-    monkeypatch.setattr(_extension, "BUILT_OPS", _extension.BUILT_OPS | {family})
-    monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((8, 0, "", False),))
+    pretend_sm90_build(monkeypatch, family)
     pretend_gpu(monkeypatch, (9, 0))
     try:
         yield standin
