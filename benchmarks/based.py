@@ -41,6 +41,7 @@ import torch
 import thunderkittens as tk
 from thunderkittens._based import reference
 
+from .report import error_record, relative_difference
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
 # Where the inputs live: a module constant so a CPU smoke run can point it elsewhere.
@@ -237,16 +238,6 @@ def _fp32_reference(pass_name: str, inputs: tuple, grad: torch.Tensor | None):
     return tuple(t.grad for t in leaves)
 
 
-def _relative_difference(got, want) -> float:
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    return max(((g.float() - w).norm() / w.norm().clamp_min(1e-30)).item() for g, w in zip(got, want))
-
-
-def _error(error: Exception) -> dict:
-    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"}
-
-
 def _timing(ms: float, pass_name: str, cfg: Config) -> dict:
     return {"ms": ms, "tflops": cfg.forward_flops * PASSES[pass_name] / (ms * 1e-3) / 1e12}
 
@@ -288,10 +279,10 @@ def _measure_config(impls: dict[str, Impl], fla_error: str | None, pass_name: st
             continue
         try:
             fn = _pass_callable(impl, pass_name, impl.prepare((q, k, v)), grad)
-            differences[name] = _relative_difference(fn(), want)  # also the first (compiling) call
+            differences[name] = relative_difference(fn(), want)  # also the first (compiling) call
         except Exception as error:  # noqa: BLE001 - a fallback in strict mode, or a peer that cannot run
             torch.cuda.synchronize()
-            results[name] = _error(error)
+            results[name] = error_record(error)
             continue
         fns[name] = fn
     del want
@@ -302,7 +293,7 @@ def _measure_config(impls: dict[str, Impl], fla_error: str | None, pass_name: st
             ms = median_ms(fn, **_timing_budget(quick))
         except Exception as error:  # noqa: BLE001 - e.g. out of memory: reported, not fatal
             torch.cuda.synchronize()
-            results[name] = _error(error)
+            results[name] = error_record(error)
             continue
         results[name] = _timing(ms, pass_name, cfg)
     best_peer = _best_peer(results)
@@ -352,16 +343,16 @@ def _measure_step(cfg: StepConfig, dtype: torch.dtype, quick: bool) -> dict:
     try:
         want_out, want_state = _step_expected(q, k, v, state)
         out, new_state = ours()
-        differences[OURS] = max(_relative_difference(out, want_out), _relative_difference(new_state, want_state))
+        differences[OURS] = max(relative_difference(out, want_out), relative_difference(new_state, want_state))
         del want_out, want_state
     except Exception as error:  # noqa: BLE001 - reported, not fatal
         torch.cuda.synchronize()
-        results[OURS] = _error(error)
+        results[OURS] = error_record(error)
         del fns[OURS]
     times = interleaved_median_ms(fns, **_timing_budget(quick, head_to_head=True))
     for name, ms in times.items():
         if isinstance(ms, Exception):
-            results[name] = _error(ms)
+            results[name] = error_record(ms)
         else:
             results[name] = {"ms": ms, "us": ms * 1e3, "gbps": cfg.bytes_moved / (ms * 1e-3) / 1e9}
     results = {name: results[name] for name in (OURS, COPY) if name in results}

@@ -38,6 +38,7 @@ import torch
 
 import thunderkittens as tk
 
+from .report import error_record, relative_difference
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
 # Where the inputs live: a module constant so a CPU smoke run can point it elsewhere.
@@ -173,16 +174,6 @@ def _fp32_expected(pass_name: str, inputs: tuple, grad: torch.Tensor | None):
     return tuple(t.grad for t in leaves if t is not None)
 
 
-def _relative_difference(got, want) -> float:
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    return max(((g.float() - w).norm() / w.norm().clamp_min(1e-30)).item() for g, w in zip(got, want))
-
-
-def _error(error: Exception) -> dict:
-    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"}
-
-
 def _timing(ms: float, pass_name: str, cfg: Config) -> dict:
     timing = {"ms": ms, "gbps": cfg.bytes_moved(pass_name) / (ms * 1e-3) / 1e9}
     if pass_name == "fwd":
@@ -221,10 +212,10 @@ def _measure_config(pass_name: str, cfg: Config, dtype: torch.dtype, quick: bool
             continue
         try:
             fn = _pass_callable(name, pass_name, inputs, grad)
-            differences[name] = _relative_difference(fn(), want)  # also the first call (caches)
+            differences[name] = relative_difference(fn(), want)  # also the first call (caches)
         except Exception as error:  # noqa: BLE001 - a fallback in strict mode: reported, not fatal
             torch.cuda.synchronize()
-            results[name] = _error(error)
+            results[name] = error_record(error)
             continue
         fns[name] = fn
     del want
@@ -244,7 +235,7 @@ def _measure_config(pass_name: str, cfg: Config, dtype: torch.dtype, quick: bool
     times[COPY] = median_ms(lambda: target.copy_(source), **_timing_budget(quick))
     del source, target
     for name, ms in times.items():
-        results[name] = _error(ms) if isinstance(ms, Exception) else _timing(ms, pass_name, cfg)
+        results[name] = error_record(ms) if isinstance(ms, Exception) else _timing(ms, pass_name, cfg)
     results[COPY].pop("tflops", None)
     results = {name: results[name] for name in IMPLEMENTATIONS if name in results}
     return _record(pass_name, cfg, dtype, results, path, differences)

@@ -81,3 +81,15 @@ def model_slug(device_name: str) -> str:
 
 def results_path(device_name: str) -> Path:
     return RESULTS_DIR / f"{model_slug(device_name)}.json"
+
+
+def relative_difference(got, want) -> float:
+    """The largest relative L2 difference of ``got`` from ``want`` (tensors or tuples of them)."""
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    return max(((g.float() - w).norm() / w.norm().clamp_min(1e-30)).item() for g, w in zip(got, want))
+
+
+def error_record(error: Exception) -> dict:
+    """A result cell for an implementation that raised: its error's type and first line."""
+    return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"}
