@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import thunderkittens as tk
 
 from . import layouts
-from .environment import Environment, PathCounts
+from .environment import Environment, PathCounts, run_on_stream
 from .notes import note
 from .tolerance import assert_close, untouched
 
@@ -483,17 +483,7 @@ def _run(case, env, device, plan, q, k, v, kwargs, grad_out, call, stand_in):
             out.backward(grad_out)
         return out
 
-    if case.stream == "side":
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            out = run()
-        torch.cuda.current_stream(device).wait_stream(stream)
-    else:
-        out = run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out
+    return run_on_stream(case.stream, device, run)
 
 
 # ---- fake tensors ------------------------------------------------------------------------------

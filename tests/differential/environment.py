@@ -177,3 +177,19 @@ class PathCounts:
         parts = ", ".join(f"{path} {n}" for path, n in sorted(self.counts.items()))
         return (f"differential {self.prop} [profile {profile}, seed {seed}]: {self.total} cases"
                 f"{': ' + parts if parts else ''}")
+
+
+def run_on_stream(stream_kind: str, device: torch.device, run):
+    """``run()`` on the current stream ("default") or on a side stream ordered after it and
+    before it again ("side"); on a GPU, synchronized before the result is read."""
+    if stream_kind == "side":
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            out = run()
+        torch.cuda.current_stream(device).wait_stream(stream)
+    else:
+        out = run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import thunderkittens as tk
 
 from . import layouts
-from .environment import Environment, PathCounts
+from .environment import Environment, PathCounts, run_on_stream
 from .notes import note
 from .tolerance import assert_close, untouched
 
@@ -191,16 +191,7 @@ def check_case(case: MatmulCase, env: Environment, counts: PathCounts, *, call=N
             out.backward(grad_out)
         return out
 
-    if case.stream == "side":
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            out = run()
-        torch.cuda.current_stream(device).wait_stream(stream)
-    else:
-        out = run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    out = run_on_stream(case.stream, device, run)
 
     assert tuple(out.shape) == case.out_shape, f"output shape {tuple(out.shape)}, expected {case.out_shape}"
     assert out.dtype == case.dtype and out.device == device, (out.dtype, out.device)
