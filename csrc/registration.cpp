@@ -30,14 +30,20 @@ TORCH_LIBRARY(tk, m) {
     // (attention_head_dims["sm90"]).
     m.def("attention_fwd_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
           "bool lower_right=False) -> (Tensor out, Tensor lse)");
+    // attention_fwd_sm90 for a training step: also out_residual (q's shape and dtype,
+    // contiguous), out's rounding residual (the fp32 result minus out), which makes the
+    // backward's rowsum(grad_out * out) exact to fp32 rather than to out's dtype.
+    m.def("attention_fwd_sm90_train(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+          "bool lower_right=False) -> (Tensor out, Tensor lse, Tensor out_residual)");
     // Gradients of attention_fwd_sm90's out (given grad_out) with respect to q, k and v, from the
-    // forward's out and lse; dk/dv summed over each GQA group's query heads. sm_90 only.
+    // forward's out and lse (and out_residual, when the training forward gave one); dk/dv summed
+    // over each GQA group's query heads. sm_90 only.
     // is_causal and lower_right as the forward's. deterministic: dq bitwise the same on every run
     // (the key blocks add into it in a fixed order; a little slower), as
     // torch.use_deterministic_algorithms(True) asks.
     m.def("attention_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-          "bool is_causal, float scale, bool lower_right=False, bool deterministic=False) "
-          "-> (Tensor dq, Tensor dk, Tensor dv)");
+          "bool is_causal, float scale, bool lower_right=False, bool deterministic=False, "
+          "Tensor? out_residual=None) -> (Tensor dq, Tensor dk, Tensor dv)");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -83,10 +89,17 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_not_built(const at::Tensor
                                                                  const at::Tensor&, bool, double, bool) {
     family_not_built("attention_fwd_sm90", "attention");
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_sm90_train_not_built(const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&, bool, double,
+                                                                                  bool) {
+    family_not_built("attention_fwd_sm90_train", "attention");
+}
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&, bool,
-                                                                       double, bool, bool) {
+                                                                       double, bool, bool,
+                                                                       const std::optional<at::Tensor>&) {
     family_not_built("attention_bwd_sm90", "attention");
 }
 #endif
@@ -119,6 +132,7 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, c
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd_sm80", &attention_fwd_sm80_not_built);
     m.impl("attention_fwd_sm90", &attention_fwd_sm90_not_built);
+    m.impl("attention_fwd_sm90_train", &attention_fwd_sm90_train_not_built);
     m.impl("attention_bwd_sm90", &attention_bwd_not_built);
 }
 #endif

@@ -62,7 +62,8 @@ class AttentionStandIn:
     """A CPU stand-in for the attention kernel, so the CPU suite can exercise the kernel path.
 
     Registered as the CPU implementation of tk::attention_fwd_sm80 and tk::attention_fwd_sm90
-    (the two kernel families' ops), with ``.backward`` (AttentionBackwardStandIn) as that of
+    (the two kernel families' ops), ``.training`` as that of tk::attention_fwd_sm90_train, with
+    ``.backward`` (AttentionBackwardStandIn) as that of
     tk::attention_bwd_sm90, while the ``cpu_kernel`` fixture is active, with the path choice
     told that the CPU is an sm_90 GPU and the build has sm_90a code and the attention family,
     whatever this build's targets (so ``auto`` picks sm90; ``use_kernel("sm80")`` sm80).
@@ -88,6 +89,15 @@ class AttentionStandIn:
                                        causal_offset=causal_offset_of(q, k, lower_right))
         return out.to(q.dtype), lse.float()
 
+    def training(self, q, k, v, is_causal, scale, lower_right=False):
+        """tk::attention_fwd_sm90_train: also out's rounding residual (exact - out)."""
+        from reference import causal_offset_of, reference_attention
+        out, lse = self(q, k, v, is_causal, scale, lower_right)
+        self.calls[-1]["training"] = True
+        exact = reference_attention(q, k, v, is_causal, scale,
+                                    causal_offset=causal_offset_of(q, k, lower_right))[0]
+        return out, lse, (exact - out.double()).to(q.dtype)
+
 
 class AttentionBackwardStandIn:
     """A CPU stand-in for tk::attention_bwd_sm90 (see AttentionStandIn): the float64 reference
@@ -100,7 +110,7 @@ class AttentionBackwardStandIn:
         self.calls = []
 
     def __call__(self, grad_out, q, k, v, out, lse, is_causal, scale, lower_right=False,
-                 deterministic=False):
+                 deterministic=False, out_residual=None):
         from reference import causal_offset_of, reference_attention_grads
         check_causal_flags("tk::attention_bwd_sm90", is_causal, lower_right)
         for name, t in (("grad_out", grad_out), ("q", q), ("k", k), ("v", v), ("out", out)):
@@ -110,9 +120,11 @@ class AttentionBackwardStandIn:
                                    f"kernel: shape {tuple(t.shape)} strides {t.stride()}")
         assert grad_out.shape == q.shape and out.shape == q.shape, (grad_out.shape, q.shape)
         assert lse.dtype == torch.float32 and lse.shape == q.shape[:3], (lse.dtype, lse.shape)
+        assert out_residual is None or (out_residual.shape == q.shape and out_residual.dtype == q.dtype
+                                        and out_residual.is_contiguous()), out_residual
         self.calls.append({"grad_out": grad_out, "q": q, "k": k, "v": v, "out": out, "lse": lse,
                            "is_causal": is_causal, "scale": scale, "lower_right": lower_right,
-                           "deterministic": deterministic})
+                           "deterministic": deterministic, "out_residual": out_residual})
         grads = reference_attention_grads(grad_out, q, k, v, is_causal, scale,
                                           causal_offset=causal_offset_of(q, k, lower_right))
         return tuple(g.to(q.dtype).contiguous() for g in grads)
@@ -160,6 +172,7 @@ def cpu_kernel(monkeypatch):
     library = torch.library.Library("tk", "IMPL")
     library.impl("attention_fwd_sm80", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
+    library.impl("attention_fwd_sm90_train", standin.training, "CPU")
     library.impl("attention_bwd_sm90", standin.backward, "CPU")
     pretend_sm90_build(monkeypatch, "attention")
     standin.set_capability((9, 0))

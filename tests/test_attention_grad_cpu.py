@@ -54,6 +54,9 @@ def test_backward_calls_the_op_once_with_the_saved_tensors(cpu_kernel):
     assert backward["out"].data_ptr() == out.data_ptr()  # the forward's output, saved
     assert torch.equal(backward["grad_out"], grad_out)
     assert backward["lse"].shape == (2, 8, 17) and backward["lse"].dtype == torch.float32
+    # The training forward ran and its out residual reached the backward.
+    assert forward.get("training") is True
+    assert backward["out_residual"] is not None and backward["out_residual"].shape == out.shape
     assert backward["is_causal"] is True
     assert backward["scale"] == pytest.approx(1 / math.sqrt(64))
     assert_grads_match((q, k, v), grad_out, is_causal=True, enable_gqa=True)
@@ -238,8 +241,10 @@ def test_compile_fullgraph_forward_backward_matches_eager(cpu_kernel):
         assert torch.equal(ours, eager)
     assert len(cpu_kernel.backward.calls) == calls_before + 1
     assert len(graphs["forward"]) == 1 and len(graphs["backward"]) == 1
-    assert _targets(graphs["forward"][0]).count("tk.attention_fwd_sm90.default") == 1
+    # A call that needs gradients runs the training forward, whose out_residual the backward reads.
+    assert _targets(graphs["forward"][0]).count("tk.attention_fwd_sm90_train.default") == 1
     assert _targets(graphs["backward"][0]).count("tk.attention_bwd_sm90.default") == 1
+    assert cpu_kernel.backward.calls[-1]["out_residual"] is not None
 
 
 def test_compile_dynamic_shapes_forward_backward(cpu_kernel):
@@ -283,6 +288,11 @@ def test_opcheck_backward_op(cpu_kernel, causal):
                bf16(2, 2, 40, 128, requires_grad=False))
     torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
                           _backward_args(q, k, v, causal, 0.125))
+    with torch.no_grad():  # with the training forward's out residual
+        out, lse, residual = torch.ops.tk.attention_fwd_sm90_train(q, k, v, causal, 0.125)
+    torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
+                          (torch.randn_like(out), q, k, v, out, lse, causal, 0.125, False, False,
+                           residual))
     if causal:  # lower-right, Lq < Lk and Lq > Lk
         torch.library.opcheck(torch.ops.tk.attention_bwd_sm90.default,
                               _backward_args(q, k, v, True, 0.125, lower_right=True))
@@ -301,6 +311,9 @@ def test_opcheck_forward_autograd_registration(cpu_kernel):
     torch.library.opcheck(torch.ops.tk.attention_fwd_sm90.default,
                           (q, k.detach(), v.detach(), False, 0.3))
     torch.library.opcheck(torch.ops.tk.attention_fwd_sm90.default, (q, k, v, True, 0.125, True))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm90_train.default, (q, k, v, True, 0.125))
+    torch.library.opcheck(torch.ops.tk.attention_fwd_sm90_train.default,
+                          (q, k.detach(), v.detach(), True, 0.3, True))
 
 
 def test_backward_fake_shapes():

@@ -31,19 +31,20 @@ import torch.nn.functional as F
 import thunderkittens as tk
 from differential.tolerance import assert_close
 from kernel_required import require_kernel, skip_unless_gpu_for
-from reference import (causal_offset_of, lower_right_bias, reference_attention_grads,
-                       sdpa_causal_lower_right)
+from reference import (causal_offset_of, lower_right_bias, reference_attention,
+                       reference_attention_grads, sdpa_causal_lower_right)
 from attention_cases import DTYPES, HEAD_DIMS, attention_cases, case_id
 
 pytestmark = pytest.mark.gpu
 
 forward_op = None
+training_op = None
 backward_op = None
 
 
 @pytest.fixture(scope="module", autouse=True)
 def sm90_backward_must_run_here():
-    global forward_op, backward_op
+    global forward_op, training_op, backward_op
     skip_unless_gpu_for("attention", "sm90")
     q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     with tk.use_kernel("sm90"):
@@ -51,6 +52,7 @@ def sm90_backward_must_run_here():
     require_kernel(plan, "attention", "sm90")
     assert plan.backward_op == "tk.attention_bwd_sm90", str(plan)
     forward_op = torch.ops.tk.attention_fwd_sm90
+    training_op = torch.ops.tk.attention_fwd_sm90_train
     backward_op = torch.ops.tk.attention_bwd_sm90
 
 
@@ -123,8 +125,10 @@ def assert_same_dk_dv(grads, others, what):
 
 
 def op_grads(q, k, v, grad_out, causal, scale, lower_right=False):
-    out, lse = forward_op(q, k, v, causal, scale, lower_right)
-    return backward_op(grad_out, q, k, v, out, lse, causal, scale, lower_right)
+    """The ops as tk.attention runs them for a call that needs gradients: the training forward,
+    whose out residual the backward reads."""
+    out, lse, residual = training_op(q, k, v, causal, scale, lower_right)
+    return backward_op(grad_out, q, k, v, out, lse, causal, scale, lower_right, False, residual)
 
 
 # ---- correctness over the parameter space --------------------------------------------------
@@ -194,6 +198,48 @@ def test_lower_right_gradients_tiny_lq_above_lk(len_q, len_kv, dtype, head_dim, 
     scale = 1.0 / math.sqrt(head_dim)
     grads = op_grads(q, k, v, grad_out, True, scale, lower_right=True)
     assert_grads_close(grads, q, k, v, grad_out, True, scale, lower_right=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("causal, lower_right", [(False, False), (True, False), (True, True)],
+                         ids=["full", "causal", "lower_right"])
+@pytest.mark.parametrize("len_q, len_kv", [(1, 2), (3, 3), (17, 30), (1000, 1000), (333, 4097)])
+def test_training_forward_is_the_forward_plus_its_rounding_residual(len_q, len_kv, causal,
+                                                                     lower_right, dtype):
+    """attention_fwd_sm90_train's out and lse are bitwise the plain forward's, and out + residual
+    is the exact result to about twice the dtype's precision (rows that see no key: 0)."""
+    seeded("residual", len_q, len_kv, causal, lower_right, dtype)
+    for head_dim in HEAD_DIMS:
+        q, k, v = make_qkv(2, 4, 2, len_q, len_kv, head_dim, dtype)
+        out, lse = forward_op(q, k, v, causal, 0.3, lower_right)
+        out_t, lse_t, residual = training_op(q, k, v, causal, 0.3, lower_right)
+        assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
+        assert residual.shape == q.shape and residual.dtype == dtype and residual.is_contiguous()
+        exact = reference_attention(q, k, v, causal, 0.3,
+                                    causal_offset=causal_offset_of(q, k, lower_right))[0]
+        rounded = (out.double() - exact).abs().max().item()
+        refined = (out.double() + residual.double() - exact).abs().max().item()
+        assert rounded > 0 and refined <= rounded * 2.0 ** -6, (head_dim, rounded, refined)
+        assert torch.isfinite(residual).all()
+
+
+# A peaked softmax (large scale): dS = P (dP - delta) cancels almost to nothing on a row's
+# dominant key, so an error in delta = rowsum(dO * O) from out's rounding alone (|dO| |O| 2^-9 in
+# bf16) was as large as the gradient there (the differential suite found 3-6x PyTorch's error,
+# GQA, scale 1 and 2). The training forward's out residual makes delta exact to fp32.
+@pytest.mark.parametrize("ratio", [1, 2])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+@pytest.mark.parametrize("len_q, len_kv", [(1, 2), (3, 3), (30, 30), (125, 125), (1000, 1000)])
+def test_peaked_softmax_gradients(len_q, len_kv, scale, dtype, head_dim, ratio):
+    seeded("peaked", len_q, len_kv, scale, dtype, head_dim, ratio)
+    q, k, v = make_qkv(1, 2 * ratio, 2, len_q, len_kv, head_dim, dtype)
+    grad_out = randn(q.shape, dtype)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with tk.strict():
+        tk.attention(*leaves, scale=scale, enable_gqa=ratio > 1).backward(grad_out)
+    assert_grads_close(tuple(t.grad for t in leaves), q, k, v, grad_out, False, scale)
 
 
 def test_gradients_with_explicit_scale():

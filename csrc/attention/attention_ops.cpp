@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -27,6 +28,7 @@ namespace {
 // Error messages start with the op's name.
 constexpr const char* kSm80Op = "tk::attention_fwd_sm80: ";
 constexpr const char* kSm90Op = "tk::attention_fwd_sm90: ";
+constexpr const char* kSm90TrainOp = "tk::attention_fwd_sm90_train: ";
 constexpr const char* kBwdOp = "tk::attention_bwd_sm90: ";
 
 void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
@@ -166,16 +168,20 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_sm80_cuda(const at::Tensor& q, 
 
 // The TMA + wgmma forward (sm_90 only), with the workspace its plan asks for: the causal task
 // queue, or the split last round's partial results and counters (zeroed by memsets on the
-// stream, so the call stays graph-capturable).
-std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, bool is_causal, double scale,
-                                                           bool lower_right) {
-    const char* op = kSm90Op;
+// stream, so the call stays graph-capturable). With `residual` (defined on return) also out's
+// rounding residual, for the backward.
+std::tuple<at::Tensor, at::Tensor> forward_sm90_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     bool is_causal, double scale, bool lower_right, const char* op,
+                                                     at::Tensor* residual) {
     const ForwardCall call = check_forward<Sm90HeadDims>(q, k, v, is_causal, scale, lower_right, op, "");
     const c10::cuda::CUDAGuard device_guard(q.device());
     check_sm90(q.device(), op, "tk.attention picks the sm80 kernel or SDPA there");
     at::Tensor out, lse;
     ForwardParams params = forward_params(q, k, v, is_causal, scale, call, out, lse);
+    if (residual != nullptr) {
+        *residual = at::empty_like(out);  // written whole by the kernel (rows of no key: 0)
+        params.o_residual = residual->mutable_data_ptr();
+    }
     const ForwardSm90Plan plan = plan_forward_sm90(params);
     const auto i32 = q.options().dtype(at::kInt);
     at::Tensor task_counter, partials, pieces_done;
@@ -193,6 +199,20 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, 
     return {out, lse};
 }
 
+std::tuple<at::Tensor, at::Tensor> attention_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, bool is_causal, double scale,
+                                                           bool lower_right) {
+    return forward_sm90_call(q, k, v, is_causal, scale, lower_right, kSm90Op, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_fwd_sm90_train_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                                             const at::Tensor& v, bool is_causal,
+                                                                             double scale, bool lower_right) {
+    at::Tensor residual;
+    auto [out, lse] = forward_sm90_call(q, k, v, is_causal, scale, lower_right, kSm90TrainOp, &residual);
+    return {out, lse, residual};
+}
+
 // dq, dk, dv of out = attention(q, k, v) given dout, in three launches on the current stream:
 // the per-row statistics the kernel reads (-lse / scale and -rowsum(dout * out), padded to whole
 // 64-row blocks), the backward kernel (dk, dv, and dq into a zeroed fp32 accumulator), and the
@@ -201,7 +221,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                                                                        const at::Tensor& k, const at::Tensor& v,
                                                                        const at::Tensor& out, const at::Tensor& lse,
                                                                        bool is_causal, double scale,
-                                                                       bool lower_right, bool deterministic) {
+                                                                       bool lower_right, bool deterministic,
+                                                                       const std::optional<at::Tensor>& out_residual) {
     const char* op = kBwdOp;
     TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
     check_operand(q, "q", q, op);
@@ -227,6 +248,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
                 lse.sizes(), " ", lse.scalar_type());
     check_scale(scale, op);
     const int offset = causal_offset(is_causal, lower_right, len_q, len_kv, op);
+    const bool has_residual = out_residual.has_value() && out_residual->defined();
+    if (has_residual)
+        TORCH_CHECK(out_residual->is_cuda() && out_residual->device() == q.device() &&
+                        out_residual->scalar_type() == q.scalar_type() && out_residual->sizes() == q.sizes() &&
+                        out_residual->is_contiguous(),
+                    op, "out_residual must be the training forward's contiguous tensor of q's shape and dtype, got ",
+                    out_residual->sizes(), " ", out_residual->scalar_type());
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     check_sm90(q.device(), op, "tk.attention computes gradients with SDPA there");
@@ -264,7 +292,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
     }
 
     const auto os = kernel_strides<4>(out);
-    const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>()};
+    const OutputView out_view{out.const_data_ptr(), os[0], os[1], os[2], lse_rows.const_data_ptr<float>(),
+                              has_residual ? out_residual->const_data_ptr() : nullptr};
 
     const cudaStream_t stream = current_stream(q);
     cudaError_t status = backward_statistics(params, out_view, stream);
@@ -280,5 +309,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_sm90_cuda(const at:
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd_sm80", &tk::attention::attention_fwd_sm80_cuda);
     m.impl("attention_fwd_sm90", &tk::attention::attention_fwd_sm90_cuda);
+    m.impl("attention_fwd_sm90_train", &tk::attention::attention_fwd_sm90_train_cuda);
     m.impl("attention_bwd_sm90", &tk::attention::attention_bwd_sm90_cuda);
 }

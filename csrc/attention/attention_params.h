@@ -17,6 +17,9 @@ struct ForwardParams {
     const void* v;  // (B, Hkv, Lk, D)
     void* o;        // (B, Hq,  Lq, D), same strides rules
     float* lse;     // (B, Hq,  Lq) contiguous fp32: natural-log log-sum-exp of scaled scores
+    // sm90 only, nullptr for none: (B, Hq, Lq, D) contiguous, in the input dtype, out's rounding
+    // residual (O - O as stored), for the backward's rowsum(dO * O) (OutputView).
+    void* o_residual;
     int* task_counter;  // sm90 causal only: one int32, zero at launch (the persistent grid's task queue)
     // sm90 non-causal, when its plan splits (ForwardSm90Plan): the split last round's partial
     // results (fp32) and its per-task counters of finished pieces (int32, zero at launch).
@@ -89,6 +92,10 @@ struct OutputView {
     const void* out;  // (B, Hq, Lq, D), ForwardParams' layout rules
     int64_t stride_b, stride_h, stride_l;
     const float* lse;  // (B, Hq, Lq) contiguous
+    // nullptr, or the forward's o_residual: delta = rowsum(dO * (out + residual)). Without it
+    // delta carries out's rounding error (|dO| |O| 2^-9 in bf16), which a peaked softmax turns
+    // into a gradient error as large as the gradient: dP - delta nearly cancels there.
+    const void* out_residual;
 };
 
 // Fills BackwardParams' score_shift and neg_delta (B, Hq, len_q_padded) from dout, out and lse,

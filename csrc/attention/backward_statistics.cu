@@ -23,7 +23,8 @@ constexpr int lanes_per_row() {
     return lanes;
 }
 
-// Per query row (rows < Lq): neg_delta = -rowsum(dO * O), score_shift = -lse / scale (-inf where
+// Per query row (rows < Lq): neg_delta = -rowsum(dO * O) (O = out + out_residual where the
+// forward left its rounding residual, see OutputView), score_shift = -lse / scale (-inf where
 // lse is -inf: a row that sees no key gets P = 0), and its fp32 dq accumulator row zeroed (one
 // pass instead of a separate fill). Padding rows up to len_q_padded (the backward reads whole
 // 64-row blocks) get neg_delta 0 and score_shift -inf. Also zeroes the backward kernel's task
@@ -33,9 +34,9 @@ constexpr int lanes_per_row() {
 // d96 4 x 3, d128 16 x 1.
 template <typename T, int D>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
-    statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const float* lse, float* score_shift,
-                      float* neg_delta, float* dq_accum, float scale, int heads_q, int len_q, int len_q_padded,
-                      int64_t rows, int* task_counter, int* dq_turns) {
+    statistics_kernel(const kt::gl<T> dout, const kt::gl<T> out, const T* out_residual, const float* lse,
+                      float* score_shift, float* neg_delta, float* dq_accum, float scale, int heads_q, int len_q,
+                      int len_q_padded, int64_t rows, int* task_counter, int* dq_turns) {
     constexpr int CHUNK = 16 / int(sizeof(T));  // elements per 16-byte load
     constexpr int LANES_PER_ROW = lanes_per_row<T, D>(), ROWS_PER_WARP = kt::WARP_THREADS / LANES_PER_ROW;
     constexpr int CHUNKS = D / CHUNK / LANES_PER_ROW;
@@ -57,6 +58,12 @@ __global__ void __launch_bounds__(WARPS_PER_BLOCK * kt::WARP_THREADS)
             const T* ys = reinterpret_cast<const T*>(&y);
 #pragma unroll
             for (int e = 0; e < CHUNK; e++) dot += kt::convert<float>(xs[e]) * kt::convert<float>(ys[e]);
+            if (out_residual != nullptr) {
+                const uint4 z = *reinterpret_cast<const uint4*>(out_residual + (bh * len_q + i) * D + c);
+                const T* zs = reinterpret_cast<const T*>(&z);
+#pragma unroll
+                for (int e = 0; e < CHUNK; e++) dot += kt::convert<float>(xs[e]) * kt::convert<float>(zs[e]);
+            }
         }
         float4* dq_row = reinterpret_cast<float4*>(dq_accum + (bh * len_q + i) * D);
 #pragma unroll
@@ -93,8 +100,8 @@ cudaError_t statistics(const BackwardParams& p, const OutputView& o, cudaStream_
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     statistics_kernel<T, D><<<unsigned(blocks), WARPS_PER_BLOCK * kt::WARP_THREADS, 0, stream>>>(
-        dout, out, o.lse, p.score_shift, p.neg_delta, p.dq_accum, p.scale, p.heads_q, p.len_q, p.len_q_padded, rows,
-        p.task_counter, p.dq_turns);
+        dout, out, static_cast<const T*>(o.out_residual), o.lse, p.score_shift, p.neg_delta, p.dq_accum, p.scale,
+        p.heads_q, p.len_q, p.len_q_padded, rows, p.task_counter, p.dq_turns);
     return cudaGetLastError();
 }
 

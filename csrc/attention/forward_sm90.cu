@@ -140,6 +140,7 @@ struct Globals {
     int* pieces_done;
     T* out;  // O, as o_map describes it
     int64_t out_stride_b, out_stride_h, out_stride_l;
+    T* out_residual;  // nullptr, or (B, Hq, Lq, D) contiguous: O - O as stored (ForwardParams)
 };
 
 // One unit of work: 64 C query rows of one (batch, head), and the key tiles they need: `tiles`
@@ -402,6 +403,19 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             stage_and_store(sh.o[consumer], 0);
         }
     };
+    // With out_residual: this warp's rows of O's rounding residual, O - T(O) in T (O normalised),
+    // straight from registers; rows past Lq are clipped. Only a forward for a backward asks.
+    auto store_residual = [&](const Task& t) {
+        if (g.out_residual == nullptr) return;
+        kt::rt<T, 16, D> residual;
+        kt::for_each_pair(residual, [&](int i, int j, int k, auto& pair) {
+            const float2 full = o.tiles[i][j].data[k];
+            const float2 stored = kt::convert_pair<float, T>(kt::convert_pair<T, float>(full));
+            pair = kt::convert_pair<T, float>(make_float2(full.x - stored.x, full.y - stored.y));
+        });
+        const kt::gl<T> rows(g.out_residual, g.batch, g.heads_q, g.len_q, D);
+        kt::store(rows, residual, kt::coord{t.b, t.h, first_row(t) / 16, 0});
+    };
     // O_IN_Q: the Q buffer of this warpgroup's last O store, until that store has read it.
     int unreleased_q = -1;
     auto release_q = [&] {
@@ -567,6 +581,7 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             start_rows();
             close_rows(t);
             store_output(t, qs);
+            store_residual(t);
             if constexpr (O_IN_Q<D, C>) unreleased_q = qs;
             continue;
         }
@@ -583,10 +598,12 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
                 const kt::gl<T> out(g.out, g.batch, g.heads_q, g.len_q, D, g.out_stride_b, g.out_stride_h,
                                     g.out_stride_l);
                 kt::store(out, o, kt::coord{t.b, t.h, first_row(t) / 16, 0});
+                store_residual(t);
             }
             continue;
         }
         store_output(t, qs);
+        store_residual(t);
         if constexpr (O_IN_Q<D, C>) unreleased_q = qs;  // released at the next task's first S
     }
     if (!SERIAL && consumer == 0) my_turn();  // takes the last warpgroup's last pass: every barrier ends balanced
@@ -653,6 +670,7 @@ cudaError_t launch(const ForwardParams& p, const ForwardSm90Plan& plan, cudaStre
     G g{};
     g.out = static_cast<T*>(p.o);
     g.out_stride_b = p.o_stride_b, g.out_stride_h = p.o_stride_h, g.out_stride_l = p.o_stride_l;
+    g.out_residual = static_cast<T*>(p.o_residual);
     const kt::gl<T> q = head_major<T, D>(p.q, p.batch, p.heads_q, p.len_q, p.q_stride_b, p.q_stride_h, p.q_stride_l);
     const kt::gl<T> k = head_major<T, D>(p.k, p.batch, p.heads_kv, p.len_kv, p.k_stride_b, p.k_stride_h, p.k_stride_l);
     const kt::gl<T> v = head_major<T, D>(p.v, p.batch, p.heads_kv, p.len_kv, p.v_stride_b, p.v_stride_h, p.v_stride_l);

@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _scaffold
 from . import plan
-from .ops import FORWARD
+from .ops import FORWARD, TRAINING_FORWARD
 from .plan import AttentionPlan
 
 
@@ -51,9 +51,11 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     head_dim = query.shape[-1]
     softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    out, _lse = FORWARD[family.name](plan.kernel_operand(query), plan.kernel_operand(key),
-                                     plan.kernel_operand(value), is_causal, softmax_scale,
-                                     lower_right)
+    operands = (plan.kernel_operand(query), plan.kernel_operand(key), plan.kernel_operand(value))
+    if family.has_backward and plan.needs_grad(query, key, value):
+        out = TRAINING_FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
+    else:
+        out = FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
     return out.view(tuple(query.shape[:-1]) + (head_dim,))
 
 

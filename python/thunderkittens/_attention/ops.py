@@ -13,7 +13,11 @@ contiguous (B, Hq, Lq) float32 tensor. The backward op of the families that have
         -> (dq, dk, dv)
 
 gives new contiguous tensors shaped like q, k, v (dk/dv already summed over each GQA group's
-query heads). All reject lower_right=True without is_causal.
+query heads). All reject lower_right=True without is_causal. The training forward of a family
+with a backward, ``tk::attention_fwd_sm90_train``, is the same kernel also returning
+``out_residual`` (q's shape and dtype: the fp32 result minus out), which the backward op takes as
+its last argument ``out_residual`` (None: delta = rowsum(grad_out * out) from the rounded out).
+tk.attention runs it whenever the call needs gradients.
 
 The fake (meta) implementations give the outputs' shapes, dtypes and strides without running
 anything, for torch.compile, torch.export, FakeTensorMode and opcheck. The autograd formula is
@@ -30,6 +34,9 @@ from .plan import FAMILIES, AttentionFamily
 
 #: The forward op of each family, by family name (torch.ops lookups are not free).
 FORWARD = {family.name: getattr(torch.ops.tk, family.op_name).default for family in FAMILIES}
+#: The training forward op of each family that has a backward.
+TRAINING_FORWARD = {family.name: getattr(torch.ops.tk, family.training_op_name).default
+                    for family in FAMILIES if family.training_op_name}
 
 
 # ---- fake implementations -----------------------------------------------------------------
@@ -61,10 +68,21 @@ def _forward_fake(who: str):
     return fake
 
 
+def _training_forward_fake(who: str):
+    forward = _forward_fake(who)
+
+    def fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+             lower_right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, lse = forward(q, k, v, is_causal, scale, lower_right)
+        return out, lse, torch.empty_like(out)
+    return fake
+
+
 def _backward_fake(who: str):
     def fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, is_causal: bool, scale: float,
-             lower_right: bool = False, deterministic: bool = False
+             lower_right: bool = False, deterministic: bool = False,
+             out_residual: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         _check_lower_right(who, is_causal, lower_right)
         torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
@@ -80,13 +98,18 @@ def _backward_fake(who: str):
                      lambda: f"{who}: q heads must be a multiple of k/v heads")
         torch._check(lse.dtype == torch.float32 and lse.shape == q.shape[:3],
                      lambda: f"{who}: lse must be the forward's float32 (batch, heads_q, len_q) tensor")
+        torch._check(out_residual is None
+                     or (out_residual.shape == q.shape and out_residual.dtype == q.dtype),
+                     lambda: f"{who}: out_residual must be the training forward's tensor of q's "
+                             "shape and dtype")
         return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
     return fake
 
 
 # ---- autograd -----------------------------------------------------------------------------
-# The forward op returns (out, lse); the backward op reads q, k, v, out and lse, so those are
-# saved, and gives (dq, dk, dv) in one call. deterministic is
+# The forward op returns (out, lse), the training forward op also out_residual; the backward op
+# reads q, k, v, out, lse (and out_residual), so those are saved, and gives (dq, dk, dv) in one
+# call. deterministic is
 # torch.are_deterministic_algorithms_enabled() when the backward runs (as torch's own ops read
 # it, warn_only or not): the kernel then adds the key blocks' shares of dq in a fixed order, so
 # dq is bitwise the same on every run (dk and dv always are). Under torch.compile the setting is
@@ -101,26 +124,28 @@ def _backward_fake(who: str):
 def _setup_context(ctx, inputs, output) -> None:
     # All six schema arguments: torch fills in defaulted ones (lower_right) the caller left out.
     q, k, v, is_causal, scale, lower_right = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    out, lse, *residual = output
+    ctx.save_for_backward(q, k, v, out, lse, *residual)
     ctx.is_causal = is_causal
     ctx.scale = scale
     ctx.lower_right = lower_right
-    ctx.mark_non_differentiable(lse)
-    # No zero-filled gradient for lse (it has none), nor for out when it was not used.
+    ctx.mark_non_differentiable(lse, *residual)
+    # No zero-filled gradient for lse and out_residual (they have none), nor for out when it was
+    # not used.
     ctx.set_materialize_grads(False)
 
 
 def _backward_formula(family: AttentionFamily):
     backward_op = getattr(torch.ops.tk, family.backward_op_name).default
 
-    def backward(ctx, grad_out: torch.Tensor | None, _grad_lse: None):
+    def backward(ctx, grad_out: torch.Tensor | None, _grad_lse: None, *_grad_residual: None):
         if grad_out is None:
             return None, None, None, None, None, None
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *residual = ctx.saved_tensors
         dq, dk, dv = backward_op(_scaffold.operand(grad_out), q, k, v, out, lse, ctx.is_causal,
                                  ctx.scale, ctx.lower_right,
-                                 torch.are_deterministic_algorithms_enabled())
+                                 torch.are_deterministic_algorithms_enabled(),
+                                 residual[0] if residual else None)
         needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
         return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
                 None, None, None)
@@ -143,9 +168,12 @@ def _register() -> None:
         if not family.has_backward:
             continue  # tk.attention never calls it with inputs that need gradients (plan.py)
         backward = f"tk::{family.backward_op_name}"
+        training = f"tk::{family.training_op_name}"
         torch.library.register_fake(backward)(_backward_fake(backward))
-        torch.library.register_autograd(forward, _backward_formula(family),
-                                        setup_context=_setup_context)
+        torch.library.register_fake(training)(_training_forward_fake(training))
+        for op in (forward, training):
+            torch.library.register_autograd(op, _backward_formula(family),
+                                            setup_context=_setup_context)
         # The backward op itself is not differentiable: say so if a double backward reaches it,
         # instead of the dispatcher's silent (and wrong) treatment of an op without autograd.
         torch.library.register_autograd(backward, _no_double_backward(backward))

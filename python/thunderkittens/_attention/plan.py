@@ -28,11 +28,15 @@ from .checks import as_causal_flag, check_types, check_values
 @dataclass(frozen=True)
 class AttentionFamily(KernelFamily):
     head_dims: tuple[int, ...] = ()  # E == Ev it is built for
+    # The forward op a call that needs gradients runs (families with a backward): the same
+    # kernel, also returning what the backward op reads beside out and lse.
+    training_op_name: str | None = None
 
 
 SM90 = AttentionFamily(op="attention", name="sm90", description="sm90 wgmma+tma",
                        op_name="attention_fwd_sm90", min_capability=(9, 0),
                        exact_capability=(9, 0), backward_op_name="attention_bwd_sm90",
+                       training_op_name="attention_fwd_sm90_train",
                        head_dims=ATTENTION_HEAD_DIMS["sm90"])
 SM80 = AttentionFamily(op="attention", name="sm80", description="sm80 mma.sync",
                        op_name="attention_fwd_sm80", min_capability=(8, 0),
