@@ -44,6 +44,22 @@ TORCH_LIBRARY(tk, m) {
     m.def("attention_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
           "bool is_causal, float scale, bool lower_right=False, bool deterministic=False, "
           "Tensor? out_residual=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+    // Attention for decoding (mma.sync + cp.async, sm_80 and newer; csrc/attention/decode.cu):
+    // attention_fwd_sm80's contract for q of at most 64 rows, the query heads of each GQA group
+    // packed into one tile and the keys split over the GPU; head dims
+    // thunderkittens._C.attention_head_dims["decode"].
+    m.def("attention_fwd_decode(Tensor q, Tensor k, Tensor v, bool is_causal, float scale, "
+          "bool lower_right=False) -> (Tensor out, Tensor lse)");
+    // The same against preallocated caches (B, Hkv, S, D) holding cache_seqlens[b] + seqlen_add
+    // valid rows for sequence b (cache_seqlens: int32 (B,) on q's device, read on the device;
+    // clamped to [0, S]). is_causal: lower-right, the Lq query rows are the last Lq of those
+    // rows. A sequence with no row gives out 0 and lse -inf.
+    m.def("attention_decode_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
+          "int seqlen_add, bool is_causal, float scale) -> (Tensor out, Tensor lse)");
+    // Writes k_new / v_new (B, Hkv, Lnew, D) into rows cache_seqlens[b] .. + Lnew - 1 of the caches
+    // (B, Hkv, S, D), in place; rows outside [0, S) are dropped. cache_seqlens is not changed.
+    m.def("kvcache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor k_new, "
+          "Tensor v_new) -> ()");
     // a (Ba, M, K), b (Bb, K, N), bf16/fp16, Ba and Bb each 1 (broadcast) or the batch B.
     // Each operand row-major or column-major (a transposed view). Returns c (B, M, N)
     // contiguous in the inputs' dtype, accumulated in fp32.
@@ -58,15 +74,33 @@ TORCH_LIBRARY(tk, m) {
     // output_final_state, else an empty tensor.
     m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
+    // Based decoding step (CUDA cores, sm_80 and newer; csrc/based/step.h): T tokens q, k
+    // (B, H, T, 16), v (B, H, T, Dv) with Dv 64 or 128, bf16/fp16, any strides, against the float32
+    // state (B, H, 273, Dv + 1) of based_fwd_sm80, applied in order: state += phi(k_t) [v_t, 1]^T,
+    // then o_t = phi(q_t)^T state[:, :Dv] (divided by phi(q_t)^T state[:, Dv] + eps when
+    // normalize). Returns o (B, H, T, Dv) contiguous in q's dtype and the new state (contiguous);
+    // the given state is not changed.
+    m.def("based_step_sm80(Tensor q, Tensor k, Tensor v, Tensor state, float scale, bool normalize, float eps) "
+          "-> (Tensor o, Tensor new_state)");
+    // The same step writing the new state into `state` (contiguous rows, no two (b, h) slices
+    // sharing memory); returns o.
+    m.def("based_step_inplace_sm80(Tensor q, Tensor k, Tensor v, Tensor(a!) state, float scale, bool normalize, "
+          "float eps) -> Tensor o");
     // Causal FFT convolution forward, mma.sync kernel (sm_80 and newer; csrc/fftconv/params.h):
     // y = irfft(rfft(u * pregate, fft_size) * K, fft_size)[..., :n] * postgate with u, pregate,
     // postgate (B, H, n) bf16/fp16 (last dim contiguous, other strides multiples of 8), n a
     // multiple of 8 and at most fft_size / 2, fft_size in {512, 1024, 2048, 4096, 8192}, and
-    // k_spectrum = fftconv_filter_spectrum(k, fft_size). Returns y (B, H, n) contiguous in u's dtype.
-    m.def("fftconv_fwd_sm80(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size) -> Tensor");
-    // fft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32, laid out for
-    // fftconv_fwd_sm80's kernel of that size: (H, fft_size, 2). Plain ATen (any device,
-    // differentiable); a module whose filter does not change can keep it.
+    // k_spectrum = fftconv_filter_spectrum(k, fft_size); conjugate: times conj(K), the
+    // anti-causal correlation y[n] = sum_{m >= n} k[m - n] u[m] (the convolution's input
+    // gradient). Returns y (B, H, n) contiguous in u's dtype.
+    m.def("fftconv_fwd_sm80(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size, "
+          "bool conjugate=False) -> Tensor");
+    // The filter's gradient of that convolution (same kernel family and sizes): dy, u (B, H, n)
+    // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t].
+    m.def("fftconv_filter_grad_sm80(Tensor dy, Tensor u, int fft_size) -> Tensor");
+    // rfft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32 as (H, fft_size / 2 + 1,
+    // 2) floats, the form fftconv_fwd_sm80 takes. Plain ATen (any device, differentiable); a
+    // module whose filter does not change can keep it.
     m.def("fftconv_filter_spectrum(Tensor k, int fft_size) -> Tensor");
 }
 
@@ -102,6 +136,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_not_built(const at:
                                                                        const std::optional<at::Tensor>&) {
     family_not_built("attention_bwd_sm90", "attention");
 }
+std::tuple<at::Tensor, at::Tensor> attention_fwd_decode_not_built(const at::Tensor&, const at::Tensor&,
+                                                                   const at::Tensor&, bool, double, bool) {
+    family_not_built("attention_fwd_decode", "attention");
+}
+std::tuple<at::Tensor, at::Tensor> attention_decode_kvcache_not_built(const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&, int64_t,
+                                                                       bool, double) {
+    family_not_built("attention_decode_kvcache", "attention");
+}
+void kvcache_append_not_built(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+    family_not_built("kvcache_append", "attention");
+}
 #endif
 
 #ifndef TK_HAS_MATMUL
@@ -110,8 +156,11 @@ at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_b
 
 #ifndef TK_HAS_FFTCONV
 at::Tensor fftconv_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                      const std::optional<at::Tensor>&, int64_t) {
+                                      const std::optional<at::Tensor>&, int64_t, bool) {
     family_not_built("fftconv_fwd_sm80", "fftconv");
+}
+at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tensor&, int64_t) {
+    family_not_built("fftconv_filter_grad_sm80", "fftconv");
 }
 at::Tensor fftconv_filter_spectrum_not_built(const at::Tensor&, int64_t) {
     family_not_built("fftconv_filter_spectrum", "fftconv");
@@ -124,6 +173,14 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, c
                                                              bool) {
     family_not_built("based_fwd_sm80", "based");
 }
+std::tuple<at::Tensor, at::Tensor> based_step_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                              const at::Tensor&, double, bool, double) {
+    family_not_built("based_step_sm80", "based");
+}
+at::Tensor based_step_inplace_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
+                                             double, bool, double) {
+    family_not_built("based_step_inplace_sm80", "based");
+}
 #endif
 
 }  // namespace
@@ -134,6 +191,9 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("attention_fwd_sm90", &attention_fwd_sm90_not_built);
     m.impl("attention_fwd_sm90_train", &attention_fwd_sm90_train_not_built);
     m.impl("attention_bwd_sm90", &attention_bwd_not_built);
+    m.impl("attention_fwd_decode", &attention_fwd_decode_not_built);
+    m.impl("attention_decode_kvcache", &attention_decode_kvcache_not_built);
+    m.impl("kvcache_append", &kvcache_append_not_built);
 }
 #endif
 #ifndef TK_HAS_MATMUL
@@ -144,11 +204,14 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_BASED
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
+    m.impl("based_step_sm80", &based_step_sm80_not_built);
+    m.impl("based_step_inplace_sm80", &based_step_inplace_sm80_not_built);
 }
 #endif
 #ifndef TK_HAS_FFTCONV
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &fftconv_fwd_sm80_not_built);
+    m.impl("fftconv_filter_grad_sm80", &fftconv_filter_grad_sm80_not_built);
 }
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {
     m.impl("fftconv_filter_spectrum", &fftconv_filter_spectrum_not_built);
