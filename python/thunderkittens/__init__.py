@@ -19,8 +19,9 @@ from ._attention.api import attention, explain_attention  # also registers fake 
 from ._attention.plan import AttentionPlan
 from ._matmul.api import explain_matmul, matmul
 from ._matmul.plan import MatmulPlan
-from ._based.api import based, based_step, explain_based
+from ._based.api import based, explain_based
 from ._based.plan import BasedPlan
+from ._based.step import BasedStepPlan, based_step, explain_based_step
 from ._fftconv.api import FFTConv, explain_fftconv, fftconv
 from ._fftconv.plan import FFTConvPlan
 
@@ -30,7 +31,7 @@ explain = explain_attention
 __all__ = [
     "__version__", "attention", "explain", "explain_attention", "AttentionPlan",
     "matmul", "explain_matmul", "MatmulPlan",
-    "based", "based_step", "explain_based", "BasedPlan",
+    "based", "based_step", "explain_based", "BasedPlan", "explain_based_step", "BasedStepPlan",
     "fftconv", "FFTConv", "explain_fftconv", "FFTConvPlan",
     "strict", "strict_enabled", "use_kernel", "kernel_choice", "FallbackError",
     "BUILT_ARCHS", "BUILT_OPS", "build_summary",

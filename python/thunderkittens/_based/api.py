@@ -1,4 +1,4 @@
-"""thunderkittens.based, based_step and explain_based."""
+"""thunderkittens.based and explain_based (based_step and explain_based_step: step.py)."""
 
 from __future__ import annotations
 
@@ -72,30 +72,6 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
     out, state = FORWARD[family.name](_scaffold.operand(q), _scaffold.operand(k), _scaffold.operand(v),
                                       scale, normalize, float(eps), state_in, output_final_state)
     return (out, state) if output_final_state else out
-
-
-def based_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
-               scale: float | None = None, normalize: bool = False, eps: float = 1e-6,
-               inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decoding: T new tokens (q, k (B, H, T, F), v (B, H, T, Dv), usually T = 1) against the
-    recurrent state of tk.based (B, H, 1 + F + F*F, Dv + 1). Returns ``(o, new_state)``, o in
-    q's dtype, exactly what tk.based over the whole sequence gives for these rows. With
-    ``inplace=True`` the new state is written into ``state`` (which is returned), so a
-    preallocated state serves a whole generation (and CUDA-graph capture).
-
-    Computed with PyTorch ops (the step is memory-bound: it reads and writes the state once) in
-    the state's precision (float32 for a 16-bit state).
-    """
-    check_arguments("tk.based_step", q, k, v, scale, normalize, eps, state, "state")
-    if not isinstance(inplace, bool):
-        raise TypeError(f"tk.based_step: inplace must be a bool, got {type(inplace).__name__}")
-    scale = _scale_or_default(scale, q.shape[-1])
-    dtype = _compute_dtype(state)
-    out, new_state = reference.chunked(q.to(dtype), k.to(dtype), v.to(dtype), scale, normalize,
-                                       eps, state.to(dtype))
-    if inplace:
-        return out.to(q.dtype), state.copy_(new_state)
-    return out.to(q.dtype), new_state.to(state.dtype)
 
 
 def explain_based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
