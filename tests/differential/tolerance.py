@@ -2,7 +2,8 @@
 
 For an output (or a gradient) ``out`` of one of our ops, ``ref`` the float64 answer on the same
 inputs, and ``theirs`` PyTorch's own answer in the inputs' dtype (SDPA or torch.matmul on
-contiguous copies of the same values: the yardstick):
+contiguous copies of the same values: the yardstick; for an attention gradient the less precise
+of SDPA's default backend and its fused backward, attention.yardstick says why):
 
   * ``out`` has the shape and dtype asked for, and is non-finite exactly where ``ref`` is
     (NaN where ``ref`` is NaN, the same infinities): memory the op forgot to write shows here;
