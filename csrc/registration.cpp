@@ -74,6 +74,17 @@ TORCH_LIBRARY(tk, m) {
     // output_final_state, else an empty tensor.
     m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
+    // Gradients of based_fwd_sm80 without normalize (csrc/based/backward_params.h), mma.sync
+    // kernels (sm_80 and newer): grad_out (the gradient of o) of v's shape; initial_state as the
+    // forward took it (or None); grad_final_state, the gradient of the forward's final state (or
+    // None). Returns dq, dk, dv (new contiguous tensors in q's dtype) and, when
+    // grad_initial_state, the initial state's gradient: float32 (B, H, 273, Dv + 1) with the
+    // value columns' part (sum_i phi(q_i) grad_out_i^T plus grad_final_state's value columns,
+    // whose quadratic block enters through its symmetric part) and a zero last column; else an
+    // empty tensor.
+    m.def("based_bwd_sm80(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
+          "Tensor? grad_final_state, bool grad_initial_state) "
+          "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");
     // Based decoding step (CUDA cores, sm_80 and newer; csrc/based/step.h): T tokens q, k
     // (B, H, T, 16), v (B, H, T, Dv) with Dv 64 or 128, bf16/fp16, any strides, against the float32
     // state (B, H, 273, Dv + 1) of based_fwd_sm80, applied in order: state += phi(k_t) [v_t, 1]^T,
@@ -173,6 +184,11 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, c
                                                              bool) {
     family_not_built("based_fwd_sm80", "based");
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_not_built(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool) {
+    family_not_built("based_bwd_sm80", "based");
+}
 std::tuple<at::Tensor, at::Tensor> based_step_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                               const at::Tensor&, double, bool, double) {
     family_not_built("based_step_sm80", "based");
@@ -204,6 +220,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_BASED
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
+    m.impl("based_bwd_sm80", &based_bwd_sm80_not_built);
     m.impl("based_step_sm80", &based_step_sm80_not_built);
     m.impl("based_step_inplace_sm80", &based_step_inplace_sm80_not_built);
 }
