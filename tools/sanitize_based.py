@@ -1,12 +1,15 @@
 """Small Based calls for compute-sanitizer (memcheck / racecheck / synccheck).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        python3 tools/sanitize_based.py
+        python3 tools/sanitize_based.py [step]
 
 Calls torch.ops.tk.based_fwd_sm80 directly (no fallback can hide a kernel problem) on lengths
 around the 64-row chunk, both value dims and dtypes, normalize on and off, with and without an
-initial and a final state, and a strided (B, N, H, D) layout. Inputs and the float64 reference
-are made on the CPU, so the only GPU work is copies and our kernel. Exits non-zero on any
+initial and a final state, and a strided (B, N, H, D) layout; then the decoding step ops
+tk.based_step_sm80 and tk.based_step_inplace_sm80 on 1, 4 and 5 tokens (one and two passes over
+the state), states at every 4-byte offset from a 16-byte boundary (six slices each) and with
+padded slices. Inputs and the float64 references are made on the CPU, so the only GPU work is
+copies and our kernels. With the argument `step`, only the step calls. Exits non-zero on any
 mismatch.
 """
 
@@ -27,6 +30,11 @@ DTYPES = [torch.bfloat16, torch.float16]
 def main() -> int:
     torch.manual_seed(0)
     failures = runs = 0
+    if sys.argv[1:] == ["step"]:  # the decoding step only
+        runs, failures = steps()
+        torch.cuda.synchronize()
+        print(f"sanitize_based: {runs} step calls, {failures} mismatches")
+        return 1 if failures else 0
     scale = 0.25
     for n, dv, dtype, normalize, states in itertools.product(LENGTHS, VALUE_DIMS, DTYPES, (False, True), (False, True)):
         b, h = 2, 3
@@ -48,9 +56,54 @@ def main() -> int:
         if bad or not math.isfinite(err):
             failures += 1
             print(f"MISMATCH n={n} dv={dv} {dtype} normalize={normalize} states={states}: max err {err:.3e}")
+    step_runs, step_failures = steps()
     torch.cuda.synchronize()
-    print(f"sanitize_based: {runs} calls, {failures} mismatches")
-    return 1 if failures else 0
+    print(f"sanitize_based: {runs + step_runs} calls, {failures + step_failures} mismatches")
+    return 1 if failures + step_failures else 0
+
+
+def _step_reference(q, k, v, state, scale, normalize, eps):
+    """float64 (o, new state) of tokens q, k, v (B, H, T, *) applied in order to ``state``."""
+    out, _ = reference.quadratic(q.double(), k.double(), v.double(), scale, normalize, eps, state.double())
+    vo = torch.cat([v.double(), torch.ones_like(v[..., :1], dtype=torch.float64)], -1)
+    return out, state.double() + reference.feature_map(k.double(), scale).transpose(-1, -2) @ vo
+
+
+def steps() -> tuple[int, int]:
+    failures = runs = 0
+    scale, eps = 0.25, 1e-6
+    b, h = 2, 3
+    for count, dv, dtype, normalize, offset, inplace in itertools.product(
+            (1, 4, 5), VALUE_DIMS, DTYPES, (False, True), (0, 1, 2, 3), (False, True)):
+        if dtype == torch.float16 and offset in (1, 2):
+            continue  # enough offsets on the other dtype
+        q, k, v = (torch.randn(b, h, count, d).to(dtype) for d in (16, 16, dv))
+        state0 = (reference.feature_map(torch.randn(b, h, 40, 16, dtype=torch.float64), scale).transpose(-1, -2)
+                  @ torch.cat([torch.randn(b, h, 40, dv, dtype=torch.float64),
+                               torch.ones(b, h, 40, 1, dtype=torch.float64)], -1)).float()
+        # Padded slices for offset 3 (slices 3 floats apart), else a contiguous state `offset`
+        # floats past the allocation's start.
+        slice_floats = state0[0, 0].numel()
+        if offset == 3:
+            storage = torch.empty(b, h, slice_floats + 3, device="cuda")
+            state = storage[..., :slice_floats].view(state0.shape)
+        else:
+            state = torch.empty(state0.numel() + offset, device="cuda")[offset:].view(state0.shape)
+        state.copy_(state0)
+        if inplace:
+            out = torch.ops.tk.based_step_inplace_sm80(q.cuda(), k.cuda(), v.cuda(), state, scale, normalize, eps)
+            new_state = state
+        else:
+            out, new_state = torch.ops.tk.based_step_sm80(q.cuda(), k.cuda(), v.cuda(), state, scale, normalize, eps)
+        ref, ref_state = _step_reference(q, k, v, state0, scale, normalize, eps)
+        err = (out.cpu().double() - ref).abs().max().item()
+        state_err = (new_state.cpu().double() - ref_state).norm().item() / ref_state.norm().item()
+        runs += 1
+        if not (err <= 3e-2 * max(1.0, ref.abs().max().item()) and state_err <= 1e-5):
+            failures += 1
+            print(f"STEP MISMATCH tokens={count} dv={dv} {dtype} normalize={normalize} offset={offset} "
+                  f"inplace={inplace}: max err {err:.3e}, state relative err {state_err:.3e}")
+    return runs, failures
 
 
 if __name__ == "__main__":

@@ -120,7 +120,10 @@ __device__ void load_token_group(Shared<DV, MAX_TOKENS>& sh, const StepParams& p
 }
 
 template <typename T, int DV, int MAX_TOKENS>
-__global__ void __launch_bounds__(Shape<DV>::THREADS, MAX_TOKENS == 1 ? 2 : 1) step_kernel(const StepParams p, const Scalars s) {
+// Two blocks per SM for one token (256 slices then fill an H100 in one wave); the multi-token
+// instantiation keeps more registers per element.
+__global__ void __launch_bounds__(Shape<DV>::THREADS, MAX_TOKENS == 1 ? 2 : 1)
+    step_kernel(const StepParams p, const Scalars s) {
     using S = Shape<DV>;
     constexpr int P = S::P, L = S::L, BAND = S::BAND, BAND_ROWS = S::BAND_ROWS, THREADS = S::THREADS;
     __shared__ Shared<DV, MAX_TOKENS> sh;
