@@ -35,9 +35,9 @@
 // At the end of a task dK is scaled by `scale`, and dK and dV go out by TMA stores (rows past
 // Lk clipped) from the dQ staging tiles, while the next task's K/V load; the op layer scales
 // and converts the dQ accumulator. Keys past Lk load as zero rows: their P and dS only
-// multiply those zero rows (dQ) or land in rows that are never stored (dK, dV), so only
-// causality needs a mask. Query rows past Lq, and rows that see no key, have shift = -inf
-// (P = 0); rows past Lq have zero dO.
+// multiply those zero rows (dQ) or land in rows that are never stored (dK, dV); they are
+// masked all the same (see step_body), as their P can overflow fp16. Query rows past Lq, and
+// rows that see no key, have shift = -inf (P = 0); rows past Lq have zero dO.
 #include <cuda.h>
 
 #include <algorithm>
@@ -430,6 +430,7 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         const auto k_mine = kt::subtile<64, D>(sh.k[kvs], consumer, 0);
         const auto v_mine = kt::subtile<64, D>(sh.v[kvs], consumer, 0);
         const int my_key0 = kv_block * BLOCK_N + consumer * 64 + warp * 16;  // this warp's first key
+        const bool keys_past_end = my_key0 + 16 > g.len_kv;
         kt::wait(sh.in_full[s], (n / STAGES) % 2);
         score_tile s_t, dp_t;
         {
@@ -454,10 +455,17 @@ __global__ void __launch_bounds__((CONSUMERS + 1) * 4 * kt::WARP_THREADS, 1)
         kt::wgmma::fence_operand(s_t);
 
         kt::mul(s_t, s_t, g.scale_log2);
-        if (CAUSAL && masked) {
-            const int visible_to = i * BLOCK_M + g.causal_offset;  // key <= query + offset
-            // Key my_key0 + r is visible to query column c iff my_key0 + r <= visible_to + c.
-            kt::mask_cols_before(s_t, [&](int r) { return my_key0 + r - visible_to; }, kt::neg_infinity());
+        // Keys past Lk (zero rows) are masked too: their P = exp(-lse) can overflow fp16 when
+        // converted for the products (a row's only visible keys scoring far below 0), and an
+        // infinite dS times their zero K rows would make dQ NaN.
+        if ((CAUSAL && masked) || keys_past_end) {
+            const int visible_to = CAUSAL ? i * BLOCK_M + g.causal_offset : 0;  // key <= query + offset
+            // Key my_key0 + r is visible to query column c iff my_key0 + r <= visible_to + c
+            // (causal) and my_key0 + r < Lk.
+            kt::mask_cols_before(s_t, [&](int r) {
+                const int key = my_key0 + r;
+                return key >= g.len_kv ? BLOCK_M : CAUSAL ? key - visible_to : 0;
+            }, kt::neg_infinity());
         }
         kt::exp2(s_t, s_t);  // P^T
         kt::wgmma::wait<0>();  // dP^T_n done

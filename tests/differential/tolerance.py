@@ -42,7 +42,7 @@ import os
 import torch
 
 ERROR_FACTOR = 2.0
-ABS_FLOOR = 1e-5
+ABS_FLOOR = 3e-5  # float32 noise on O(1) inputs: a gradient 0 by cancellation (one key) comes out near 1e-5
 REL_SLACK = 1e-6
 ROUNDED_ELEMENTS = 32
 YARDSTICK_LIMIT = 0.1
