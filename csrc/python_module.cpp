@@ -51,8 +51,9 @@ PyObject* head_dim_tuple() {
     return tuple;
 }
 
-// {"sm90": (64, 96, 128), "sm80": (64, 128)}: the head dims each attention kernel family is built
-// for, whatever families this build compiled (TK_OPS), so Python has one source for them.
+// {"sm90": (64, 96, 128), "sm80": (64, 128), "decode": (64, 96, 128)}: the head dims each attention
+// kernel family is built for, whatever families this build compiled (TK_OPS), so Python has one
+// source for them.
 PyObject* attention_head_dims() {
     PyObject* dims = PyDict_New();
     if (dims == nullptr) return nullptr;
@@ -60,7 +61,8 @@ PyObject* attention_head_dims() {
         const char* family;
         PyObject* (*make)();
     } families[] = {{"sm90", &head_dim_tuple<tk::attention::Sm90HeadDims>},
-                    {"sm80", &head_dim_tuple<tk::attention::Sm80HeadDims>}};
+                    {"sm80", &head_dim_tuple<tk::attention::Sm80HeadDims>},
+                    {"decode", &head_dim_tuple<tk::attention::DecodeHeadDims>}};
     for (const auto& entry : families) {
         PyObject* tuple = entry.make();
         if (tuple == nullptr || PyDict_SetItemString(dims, entry.family, tuple) < 0) {

@@ -20,5 +20,8 @@ using Sm90HeadDims = HeadDims<64, 96, 128>;
 // The mma.sync forward: not 96, where it ran slower than SDPA's FlashAttention-2 (calls with
 // head dim 96 go to SDPA off Hopper; docs/performance.md).
 using Sm80HeadDims = HeadDims<64, 128>;
+// The decode kernels (mma.sync, sm_80 and newer; decode.cu): memory-bound, so d96 costs no more
+// than its bytes.
+using DecodeHeadDims = HeadDims<64, 96, 128>;
 
 }  // namespace tk::attention
