@@ -172,6 +172,7 @@ def cpu_kernel(monkeypatch):
     library = torch.library.Library("tk", "IMPL")
     library.impl("attention_fwd_sm80", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
+    library.impl("attention_fwd_decode", standin, "CPU")  # the same contract (auto: short queries)
     library.impl("attention_fwd_sm90_train", standin.training, "CPU")
     library.impl("attention_bwd_sm90", standin.backward, "CPU")
     pretend_sm90_build(monkeypatch, "attention")

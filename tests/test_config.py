@@ -20,7 +20,7 @@ def test_env_var(monkeypatch, value, expected):
 @pytest.mark.parametrize("value", ["sm100", "fast", "sm_80", "1"])
 def test_env_var_bad_value(monkeypatch, value):
     monkeypatch.setenv("TK_ATTENTION_KERNEL", value)
-    with pytest.raises(ValueError, match=r"TK_ATTENTION_KERNEL: kernel must be one of \['auto', 'sm90', 'sm80'\]"):
+    with pytest.raises(ValueError, match=r"TK_ATTENTION_KERNEL: kernel must be one of \['auto', 'sm90', 'sm80', 'decode'\]"):
         tk.kernel_choice("attention")
 
 
@@ -50,7 +50,7 @@ def test_context_manager_restores_after_exception():
 
 @pytest.mark.parametrize("value", ["sm100", "", None, 80])
 def test_context_manager_bad_value(value):
-    with pytest.raises(ValueError, match=r"use_kernel: kernel must be one of \['auto', 'sm90', 'sm80'\]"):
+    with pytest.raises(ValueError, match=r"use_kernel: kernel must be one of \['auto', 'sm90', 'sm80', 'decode'\]"):
         with tk.use_kernel(value):
             pass
 

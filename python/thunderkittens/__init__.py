@@ -3,6 +3,7 @@
     import thunderkittens as tk
     out = tk.attention(q, k, v, is_causal=True)   # contract of F.scaled_dot_product_attention
     print(tk.explain(q, k, v, is_causal=True))    # which path that call takes, and why
+    o = tk.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k_new, v_new)  # decoding
     c = tk.matmul(a, b)                           # contract of torch.matmul (sm_90 kernel)
     print(tk.explain_matmul(a, b))                # which path that call takes, and why
     o = tk.based(q, k, v)                         # Based linear attention (causal)
@@ -17,6 +18,7 @@ from ._config import kernel_choice, strict, strict_enabled, use_kernel
 from .errors import FallbackError
 from ._attention.api import attention, explain_attention  # also registers fake impls, autograd
 from ._attention.plan import AttentionPlan
+from ._attention.kvcache import KVCachePlan, attention_with_kvcache, explain_kvcache
 from ._matmul.api import explain_matmul, matmul
 from ._matmul.plan import MatmulPlan
 from ._based.api import based, explain_based
@@ -30,6 +32,7 @@ explain = explain_attention
 
 __all__ = [
     "__version__", "attention", "explain", "explain_attention", "AttentionPlan",
+    "attention_with_kvcache", "explain_kvcache", "KVCachePlan",
     "matmul", "explain_matmul", "MatmulPlan",
     "based", "based_step", "explain_based", "BasedPlan", "explain_based_step", "BasedStepPlan",
     "fftconv", "FFTConv", "explain_fftconv", "FFTConvPlan",

@@ -3,7 +3,7 @@
 Each switch has an environment variable (read at call time) and a context manager (which wins
 over the variable while it is active):
 
-  TK_ATTENTION_KERNEL = auto | sm90 | sm80   ``with thunderkittens.use_kernel("sm80"):``
+  TK_ATTENTION_KERNEL = auto | sm90 | sm80 | decode  ``with thunderkittens.use_kernel("sm80"):``
   TK_BASED_KERNEL = auto | sm80              ``with thunderkittens.use_kernel("sm80", op="based"):``
   TK_FFTCONV_KERNEL = auto | sm80            ``with thunderkittens.use_kernel("sm80", op="fftconv"):``
   TK_STRICT = 1 | 0                          ``with thunderkittens.strict():``
@@ -28,7 +28,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 # imported from the op packages) so that this module has no dependencies;
 # _scaffold.register_families checks each op's table against it.
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
-    "attention": ("sm90", "sm80"),
+    "attention": ("sm90", "sm80", "decode"),
     "based": ("sm80",),
     "fftconv": ("sm80",),
 }

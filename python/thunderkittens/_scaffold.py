@@ -60,6 +60,9 @@ class KernelFamily:
     backward_op_name: str | None = None  # the torch.ops.tk op of its backward pass, if any
     # The reason on a GPU other than exact_capability, if not the default; {gpu} is this GPU.
     wrong_gpu_reason: str | None = None
+    # False: "auto" does not pick it by its place in the op's families; the op's plan decides when
+    # it runs (attention's decode kernel: short queries against long keys). It can be forced.
+    in_auto_order: bool = True
 
     @property
     def has_backward(self) -> bool:
@@ -156,6 +159,8 @@ def _family_or_reason(op: str, index: int, choice: str) -> str:
         return choice if reason is None else f"{_NO_FAMILY}kernel {choice} was forced but {reason}"
     reasons = []
     for family in _FAMILIES[op]:
+        if not family.in_auto_order:
+            continue
         reason = family.unavailable_reason(capability)
         if reason is None:
             return family.name

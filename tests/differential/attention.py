@@ -457,7 +457,7 @@ def check_case(case: AttentionCase, env: Environment, counts: PathCounts, *, cal
     expected = env.expected_attention_family(
         kernel=case.kernel, dtype=case.dtype, head_dim=case.head_dim, head_dim_v=case.head_dim_v,
         mask=case.mask, dropout_p=case.dropout_p, scale=case.scale,
-        needs_grad=case.needs_grad) or "fallback"
+        needs_grad=case.needs_grad, len_q=case.len_q, len_kv=case.len_kv) or "fallback"
     assert path == expected, f"path {path} ({plan}), but the contract says {expected}"
     if not plan.uses_kernel and env.kernel_device:
         copies = fallback_copies(case)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 import thunderkittens as tk
+from thunderkittens._attention.decode import prefers_decode
 
 ATTENTION_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 # What each attention family is built for (the C++ module says so too, when it is new enough).
@@ -115,7 +116,7 @@ class Environment:
             return False
         if family == "sm90":
             return self.capability == (9, 0) and runs_on(self.built_archs, (9, 0), arch_specific=True)
-        if family == "sm80":
+        if family in ("sm80", "decode"):
             return self.capability >= (8, 0) and runs_on(self.built_archs, self.capability,
                                                          arch_specific=False)
         raise ValueError(family)
@@ -125,8 +126,11 @@ class Environment:
         return [f for f in ("sm90", "sm80") if self.attention_family_runs(f)]
 
     def expected_attention_family(self, *, kernel: str, dtype, head_dim: int, head_dim_v: int,
-                                  mask: str, dropout_p: float, scale, needs_grad: bool) -> str | None:
-        """The family that must run the call, or None for the SDPA fallback."""
+                                  mask: str, dropout_p: float, scale, needs_grad: bool, len_q: int = 0,
+                                  len_kv: int = 0) -> str | None:
+        """The family that must run the call, or None for the SDPA fallback. Under auto, short
+        queries against long keys that need no gradient run the decode kernel where it can
+        (thunderkittens/_attention/decode.py's rule)."""
         if not self.kernel_device or dtype not in ATTENTION_KERNEL_DTYPES:
             return None
         if head_dim != head_dim_v or mask in ("bool", "float") or dropout_p > 0:
@@ -138,6 +142,9 @@ class Environment:
             if not runnable:
                 return None
             family = runnable[0]
+            if (not needs_grad and prefers_decode(len_q, len_kv) and self.attention_family_runs("decode")
+                    and head_dim in self.head_dims.get("decode", ())):
+                family = "decode"
         else:
             if not self.attention_family_runs(kernel):
                 return None

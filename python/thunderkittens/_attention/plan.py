@@ -5,7 +5,10 @@ The families, in the order ``auto`` prefers them: ``sm90``, the TMA + wgmma + wa
 kernels (forward and backward), needs exactly sm_90 (Hopper) and a 90a build; ``sm80``, the
 mma.sync + cp.async forward kernel, runs on every GPU from sm_80 on (Hopper too, when forced
 with ``use_kernel("sm80")``) and has no backward, so calls that need gradients go to SDPA when
-it is the family picked. The head dims each family is built for come from the C++ side.
+it is the family picked. ``decode`` (decode.py), the short-query kernel (up to 64 query rows,
+GQA groups packed, keys split over the GPU), sm_80 and newer, no backward: ``auto`` runs it
+instead of either for the calls decode.py's rule names; ``use_kernel("decode")`` forces it. The
+head dims each family is built for come from the C++ side.
 
 Every decision here reads only shapes, dtypes, devices, flags and configuration, never tensor
 data (see _scaffold).
@@ -22,6 +25,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 from .. import _config, _scaffold
 from .._extension import ATTENTION_HEAD_DIMS
 from .._scaffold import KernelFamily, Plan
+from . import decode
 from .checks import as_causal_flag, check_types, check_values
 
 
@@ -41,7 +45,11 @@ SM90 = AttentionFamily(op="attention", name="sm90", description="sm90 wgmma+tma"
 SM80 = AttentionFamily(op="attention", name="sm80", description="sm80 mma.sync",
                        op_name="attention_fwd_sm80", min_capability=(8, 0),
                        head_dims=ATTENTION_HEAD_DIMS["sm80"])
-FAMILIES: tuple[AttentionFamily, ...] = (SM90, SM80)
+# Short queries against long keys (decode.py says when auto picks it); no backward.
+DECODE = AttentionFamily(op="attention", name=decode.NAME, description="decode mma.sync split-kv",
+                         op_name="attention_fwd_decode", min_capability=(8, 0),
+                         in_auto_order=False, head_dims=ATTENTION_HEAD_DIMS["decode"])
+FAMILIES: tuple[AttentionFamily, ...] = (SM90, SM80, DECODE)
 BY_NAME: dict[str, AttentionFamily] = _scaffold.register_families(*FAMILIES)
 
 # Texts for the fallback reasons, made here, not in the traced path (torch 2.11's dynamo failed
@@ -49,7 +57,8 @@ BY_NAME: dict[str, AttentionFamily] = _scaffold.register_families(*FAMILIES)
 KERNEL_HEAD_DIMS = tuple(sorted({dim for family in FAMILIES for dim in family.head_dims}))
 _KERNEL_HEAD_DIMS_TEXT = ", ".join(str(dim) for dim in KERNEL_HEAD_DIMS[:-1]) + f" or {KERNEL_HEAD_DIMS[-1]}"
 _WITH_BACKWARD = ", ".join([family.name for family in FAMILIES if family.has_backward])
-_FAMILIES_WITH_HEAD_DIM = {dim: ", ".join([family.name for family in FAMILIES if dim in family.head_dims])
+# Which kernels run a head dim, for calls of any length (not decode, which only takes short ones).
+_FAMILIES_WITH_HEAD_DIM = {dim: ", ".join([family.name for family in (SM90, SM80) if dim in family.head_dims])
                            for dim in KERNEL_HEAD_DIMS}
 _HEAD_DIMS_OF = {family.name: ", ".join([str(dim) for dim in family.head_dims]) for family in FAMILIES}
 
@@ -187,11 +196,22 @@ def _family_or_reason(query, key, value, attn_mask, dropout_p, scale):
     family, reason = _scaffold.choose_family("attention", query.device)
     if family is None:
         return None, reason
+    if _decode_instead(family, query, key, value):
+        family = DECODE
     reason = (head_dim_fallback_reason(family, query.shape[-1])
+              or decode.length_fallback_reason(family, query.shape[-2])
               or backward_fallback_reason(family, query, key, value))
     if reason is not None:
         return None, reason
     return family, None
+
+
+def _decode_instead(family, query, key, value) -> bool:
+    """Whether ``auto`` runs the call on the decode kernel instead of ``family`` (decode.py)."""
+    return (family is not DECODE and _scaffold.kernel_choice("attention") == "auto"
+            and decode.prefers_decode(query.shape[-2], key.shape[-2])
+            and query.shape[-1] in DECODE.head_dims and not needs_grad(query, key, value)
+            and decode.runs_here(query.device))
 
 
 # ---- operands and the explanation ---------------------------------------------------------
