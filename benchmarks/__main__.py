@@ -1,4 +1,4 @@
-"""python -m benchmarks [--ops attention,matmul,based,fftconv] [--quick] [--save] [--json PATH] [--kernel sm80]
+"""python -m benchmarks [--ops attention,matmul,based,fftconv,decode] [--quick] [--save] [--json PATH] [--kernel sm80]
 python -m benchmarks --plot-only benchmarks/results/h200.json
 
 Runs each op against its peers in the same process and prints one table per op: TFLOP/s (GB/s
@@ -35,7 +35,7 @@ if not __package__:
 from benchmarks.report import (RESULTS_DIR, format_table, read_json, results_path,  # noqa: E402
                                table_units, write_json)
 
-OPS = ("attention", "matmul", "based", "fftconv")
+OPS = ("attention", "matmul", "based", "fftconv", "decode")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
