@@ -404,17 +404,21 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         }
     };
     // With out_residual: this warp's rows of O's rounding residual, O - T(O) in T (O normalised),
-    // straight from registers; rows past Lq are clipped. Only a forward for a backward asks.
+    // straight from registers, a pair of neighbouring columns per 4-byte store; rows past Lq are
+    // clipped. Only a forward for a backward asks.
     auto store_residual = [&](const Task& t) {
         if (g.out_residual == nullptr) return;
-        kt::rt<T, 16, D> residual;
-        kt::for_each_pair(residual, [&](int i, int j, int k, auto& pair) {
-            const float2 full = o.tiles[i][j].data[k];
+        using tile = kt::rt_fl<16, D>;
+        const int row0 = first_row(t);
+        T* const head_rows = g.out_residual + (int64_t(t.b) * g.heads_q + t.h) * g.len_q * D;
+        kt::for_each_pair(o, [&](int i, int j, int k, const float2& full) {
+            const int r = row0 + i * kt::TILE_DIM + tile::row_in_base(k, 0);
+            if (r >= g.len_q) return;
+            const int c = j * kt::TILE_DIM + tile::col_in_base(k, 0);  // and c + 1
             const float2 stored = kt::convert_pair<float, T>(kt::convert_pair<T, float>(full));
-            pair = kt::convert_pair<T, float>(make_float2(full.x - stored.x, full.y - stored.y));
+            *reinterpret_cast<kt::packed<T>*>(head_rows + int64_t(r) * D + c) =
+                kt::convert_pair<T, float>(make_float2(full.x - stored.x, full.y - stored.y));
         });
-        const kt::gl<T> rows(g.out_residual, g.batch, g.heads_q, g.len_q, D);
-        kt::store(rows, residual, kt::coord{t.b, t.h, first_row(t) / 16, 0});
     };
     // O_IN_Q: the Q buffer of this warpgroup's last O store, until that store has read it.
     int unreleased_q = -1;
