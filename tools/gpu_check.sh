@@ -12,7 +12,7 @@
 #                     long check over two calls, e.g. build,test then sanitize,bench: the build
 #                     stays on a warm machine.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
-#   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv")
+#   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv differential")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
 #   TK_PYTEST_ARGS    extra arguments for pytest (default where pytest-xdist is installed: "-n 8"
 #                     on GPUs of more than 100 GB, "-n 4" below: the GPU tests are independent)
@@ -194,7 +194,7 @@ if want sanitize; then
             banner "compute-sanitizer --tool $tool"
             # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
             # accesses past the end of an output as out of bounds.
-            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul based fftconv}; do
+            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul based fftconv differential}; do
                     PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool --error-exitcode 99 \
                         '$PY' tools/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
         done

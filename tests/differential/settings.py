@@ -4,7 +4,7 @@ A profile fixes how many cases each property runs, in how many shards, and how l
 be. ``cpu`` is the short profile of the CPU suite (well under a minute), ``gpu`` the long one of
 the GPU check (about 3,500 cases in 32 shards, run in parallel by the test workers: most cases
 small, a tenth up to the long lengths), ``smoke`` a tenth of ``gpu`` in one shard per property
-for trying a change. TK_FUZZ_PROFILE names the GPU suite's profile (default ``gpu``),
+for trying a change, ``sanitize`` a small sample for compute-sanitizer. TK_FUZZ_PROFILE names the GPU suite's profile (default ``gpu``),
 TK_FUZZ_CPU_PROFILE the CPU suite's (default ``cpu``), TK_FUZZ_SEED the seed. Every run is
 reproducible: a fixed seed (shard i of a property draws from seed SEED + i * SHARD_SEED_STEP),
 no example database (nothing is written to the repository), no deadline; a failure is shrunk
@@ -65,6 +65,7 @@ def shard_seed(shard: int) -> int:
 
 
 _CPU_SIZES = Sizes(max_len=80, attention_work=200_000, max_matrix=80, matmul_work=200_000)
+_SANITIZE_SIZES = Sizes(max_len=200, attention_work=4_000_000, max_matrix=200, matmul_work=4_000_000)
 _GPU_SMALL = Sizes(max_len=300, attention_work=20_000_000, max_matrix=320, matmul_work=30_000_000)
 _GPU_LARGE = Sizes(max_len=2100, attention_work=300_000_000, max_matrix=2100,
                    matmul_work=2_000_000_000)
@@ -96,6 +97,12 @@ PROFILES = {
                    large_percent=10, shards=_GPU_SHARDS),
     "smoke": Profile(name="smoke", examples={k: max(5, v // 10) for k, v in _GPU_EXAMPLES.items()},
                      small=_GPU_SMALL, large=_GPU_LARGE, large_percent=10),
+    # A sample small enough for compute-sanitizer (tools/sanitize_differential.py), which slows
+    # kernels down by orders of magnitude.
+    "sanitize": Profile(name="sanitize",
+                        examples={"attention": 60, "attention_misaligned": 20,
+                                  "attention_no_key_rows": 20, "matmul": 30},
+                        small=_SANITIZE_SIZES, large=_SANITIZE_SIZES),
 }
 
 
