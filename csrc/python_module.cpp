@@ -75,8 +75,9 @@ PyObject* attention_head_dims() {
     return dims;
 }
 
-// {fft_size: (bytes, bytes with a pregate)}: the dynamic shared memory each FFT-conv kernel needs
-// per block (more than a GPU's opt-in limit: it cannot run there); empty without that family.
+// {fft_size: (bytes, bytes with a pregate, bytes of the filter gradient)}: the dynamic shared
+// memory each FFT-conv kernel needs per block (more than a GPU's opt-in limit: it cannot run
+// there); empty without that family.
 PyObject* fftconv_shared_bytes() {
     PyObject* sizes = PyDict_New();
     if (sizes == nullptr) return nullptr;
@@ -85,8 +86,9 @@ PyObject* fftconv_shared_bytes() {
         const int plain = tk::fftconv::fftconv_fwd_sm80_shared_bytes(fft_size, false);
         if (plain == 0) continue;
         const int gated = tk::fftconv::fftconv_fwd_sm80_shared_bytes(fft_size, true);
+        const int filter_grad = tk::fftconv::fftconv_filter_grad_sm80_shared_bytes(fft_size);
         PyObject* key = PyLong_FromLong(fft_size);
-        PyObject* value = Py_BuildValue("(ii)", plain, gated);
+        PyObject* value = Py_BuildValue("(iii)", plain, gated, filter_grad);
         if (key == nullptr || value == nullptr || PyDict_SetItem(sizes, key, value) < 0) {
             Py_XDECREF(key);
             Py_XDECREF(value);

@@ -88,26 +88,72 @@ def test_module_checks_its_length():
 # ---- the kernel path against a CPU stand-in -----------------------------------------------
 
 
-class FFTConvStandIn:
-    """CPU implementation of tk::fftconv (the reference in float64, rounded once), recording calls."""
+def conforming(t):
+    """What the kernel ops' C++ checks require of a (B, H, n) operand (operand_checks.h)."""
+    return t.stride(-1) == 1 and all(t.shape[d] == 1 or t.stride(d) % 8 == 0 for d in range(t.dim() - 1))
+
+
+class ForwardStandIn:
+    """CPU implementation of tk::fftconv_fwd_sm80 from the spectrum it is given (in float64,
+    rounded once), recording calls; ``.filter_grad`` stands in for tk::fftconv_filter_grad_sm80."""
+
+    def __init__(self):
+        self.calls = []
+        self.filter_grad = FilterGradStandIn()
+
+    def __call__(self, u, k_spectrum, pregate, postgate, fft_size, conjugate=False):
+        n, heads = u.shape[-1], u.shape[1]
+        assert u.dtype in (torch.bfloat16, torch.float16) and n % 8 == 0 and n <= fft_size // 2
+        assert k_spectrum.dtype == torch.float32 and k_spectrum.shape == (heads, fft_size // 2 + 1, 2)
+        for t in (u, pregate, postgate):
+            assert t is None or (t.dtype == u.dtype and t.shape == u.shape and conforming(t))
+        self.calls.append({"u": u, "pregate": pregate, "postgate": postgate, "fft_size": fft_size,
+                           "conjugate": conjugate})
+        w = u if pregate is None else u * pregate  # the kernel rounds u * pregate to 16 bits
+        spectrum = torch.view_as_complex(k_spectrum.double())
+        if conjugate:
+            spectrum = spectrum.conj()
+        y = torch.fft.irfft(torch.fft.rfft(w.double(), n=fft_size) * spectrum, n=fft_size)[..., :n]
+        if postgate is not None:
+            y = y * postgate.double()
+        return y.to(u.dtype)
+
+
+class FilterGradStandIn:
+    """CPU implementation of tk::fftconv_filter_grad_sm80 (float64 torch.fft, rounded to float32)."""
 
     def __init__(self):
         self.calls = []
 
-    def __call__(self, u, k, pregate, postgate, fft_size):
-        assert u.dtype in (torch.bfloat16, torch.float16) and u.shape[-1] % 8 == 0
-        assert u.shape[-1] <= fft_size // 2 and k.shape[-1] <= fft_size // 2
-        self.calls.append({"u": u, "k": k, "pregate": pregate, "postgate": postgate, "fft_size": fft_size})
-        w = u.double() * (pregate.double() if pregate is not None else 1)
-        y = reference.causal_conv(w, k.double(), None, postgate.double() if postgate is not None else None)
-        return y.to(u.dtype)
+    def __call__(self, dy, u, fft_size):
+        n = u.shape[-1]
+        assert u.dtype in (torch.bfloat16, torch.float16) and n % 8 == 0 and n <= fft_size // 2
+        assert dy.dtype == u.dtype and dy.shape == u.shape and conforming(dy) and conforming(u)
+        self.calls.append({"dy": dy, "u": u, "fft_size": fft_size})
+        products = torch.fft.rfft(dy.double(), n=fft_size) * torch.fft.rfft(u.double(), n=fft_size).conj()
+        return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()
 
 
 @pytest.fixture
 def cpu_fftconv(monkeypatch):
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
-    with kernel_standin(monkeypatch, "fftconv", "fftconv", FFTConvStandIn()) as standin:
-        yield standin
+    standin = ForwardStandIn()
+    library = torch.library.Library("tk", "IMPL")
+    library.impl("fftconv_filter_grad_sm80", standin.filter_grad, "CPU")
+    try:
+        with kernel_standin(monkeypatch, "fftconv_fwd_sm80", "fftconv", standin):
+            yield standin
+    finally:
+        library._destroy()
+
+
+def test_filter_spectrum_is_the_rfft():
+    """tk::fftconv_filter_spectrum (plain ATen, any device) is rfft(k, fft_size) as float pairs."""
+    k = torch.randn(3, 200, dtype=torch.float64)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 512)
+    assert spectrum.shape == (3, 257, 2) and spectrum.dtype == torch.float32 and spectrum.is_contiguous()
+    expected = torch.view_as_real(torch.fft.rfft(k, n=512))
+    torch.testing.assert_close(spectrum.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048)])
@@ -123,9 +169,9 @@ def test_kernel_path_pads_to_the_kernel_length(cpu_fftconv, n, fft_size):
 
 
 def test_kernel_path_fallback_reasons(cpu_fftconv):
-    u, k, _, _ = make(n=5000, nk=3, dtype=torch.float16)
-    longest = plan.KERNEL_LENGTHS[-1]
-    assert f"length 5000 is longer than the kernels' longest, {longest}" in str(tk.explain_fftconv(u, k))
+    n = plan.MAX_LENGTH + 1
+    u, k, _, _ = make(b=1, h=1, n=n, nk=3, dtype=torch.float16)
+    assert f"length {n} is longer than the kernels' longest, {plan.MAX_LENGTH}" in str(tk.explain_fftconv(u, k))
     u, k, _, _ = make(n=64, dtype=torch.float32)
     assert "dtype torch.float32 is not supported by the kernel" in str(tk.explain_fftconv(u, k))
 
@@ -140,8 +186,9 @@ def test_shared_memory_limit_sends_the_call_to_torch_fft(cpu_fftconv, monkeypatc
 
 @pytest.mark.parametrize("gates", [False, True])
 def test_kernel_path_gradients_match_the_reference(cpu_fftconv, gates):
-    """The op's backward formula (grad_u through the op on flipped inputs, grad_k by torch.fft)
-    against autograd of the float64 reference on the same 16-bit inputs."""
+    """The op's backward formula (grad of u and the gates through the forward kernel, the
+    filter's through the filter-gradient kernel) against autograd of the float64 reference on
+    the same 16-bit inputs."""
     u, k, pre, post = make(n=44, nk=13, dtype=torch.float16, gates=gates, requires_grad=True)
     k = k.detach().float().requires_grad_()
     y = tk.fftconv(u, k, pre, post)
@@ -154,7 +201,117 @@ def test_kernel_path_gradients_match_the_reference(cpu_fftconv, gates):
     for name, got, want in zip(("u", "k", "pregate", "postgate"), ours, expected):
         scale = want.abs().max().item()
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * scale, msg=name)
-    assert len(cpu_fftconv.calls) >= 2  # the forward, and the backward's flipped convolution
+    # The forward, then the backward's: conv(w, k) for the postgate, the correlation for u and
+    # the pregate (grad * postgate fed as its pregate), and the filter's gradient.
+    assert [call["conjugate"] for call in cpu_fftconv.calls] == ([False, False, True] if gates else [False, True])
+    assert len(cpu_fftconv.filter_grad.calls) == 1
+
+
+@pytest.mark.parametrize("which", ["u", "u_pregate", "pregate", "postgate", "k"])
+def test_kernel_path_backward_computes_only_what_is_asked(cpu_fftconv, which):
+    """Each gradient alone, against the float64 reference's; grad of u without grad of the
+    pregate takes the pregate as the correlation's postgate (one kernel call)."""
+    u, k, pre, post = make(n=32, nk=32, dtype=torch.bfloat16, gates=True)
+    k = k.float()
+    wanted = {"u": (u,), "u_pregate": (u, pre), "pregate": (pre,), "postgate": (post,), "k": (k,)}[which]
+    for t in wanted:
+        t.requires_grad_()
+    y = tk.fftconv(u, k, pre, post)
+    grad = torch.randn_like(y)
+    ours = torch.autograd.grad(y, wanted, grad)
+    leaves = {name: t.detach().double().requires_grad_(any(t is w for w in wanted))
+              for name, t in (("u", u), ("k", k), ("pre", pre), ("post", post))}
+    expected = torch.autograd.grad(by_definition(leaves["u"], leaves["k"], leaves["pre"], leaves["post"]),
+                                   [leaves[n] for n in ("u", "k", "pre", "post") if leaves[n].requires_grad],
+                                   grad.double())
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(got.double(), want, rtol=3e-2, atol=3e-2 * want.abs().max().item())
+    backward_calls = cpu_fftconv.calls[1:]
+    kernel_calls = {"u": 1, "u_pregate": 1, "pregate": 1, "postgate": 1, "k": 0}[which]
+    assert len(backward_calls) == kernel_calls
+    assert len(cpu_fftconv.filter_grad.calls) == (1 if which == "k" else 0)
+    if which == "u":
+        (call,) = backward_calls
+        assert call["conjugate"] and call["postgate"] is pre
+
+
+def test_kernel_path_backward_with_a_broadcast_gradient(cpu_fftconv):
+    """y.sum().backward() hands the formula an expanded gradient (stride 0): the kernels get a
+    copy they can read."""
+    u, k, _, _ = make(n=40, nk=9, dtype=torch.bfloat16, requires_grad=True)
+    k = k.detach().float().requires_grad_()
+    tk.fftconv(u, k).sum().backward()
+    leaves = [u.detach().double().requires_grad_(), k.detach().double().requires_grad_()]
+    by_definition(*leaves).sum().backward()
+    for got, want in zip((u.grad, k.grad), (leaves[0].grad, leaves[1].grad)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def test_filter_gradient_falls_back_where_its_kernel_does_not_fit(cpu_fftconv, monkeypatch):
+    """A GPU whose blocks lack the filter-gradient kernel's shared memory gets the filter's
+    gradient from torch.fft; the rest of the backward stays on the kernel."""
+    sizes = {size: (plain, gated, 1 << 30) for size, (plain, gated, _) in plan.FFTCONV_SHARED_BYTES.items()}
+    monkeypatch.setattr(plan, "FFTCONV_SHARED_BYTES", sizes)
+    u, k, _, _ = make(n=24, nk=24, dtype=torch.float16, requires_grad=True)
+    k = k.detach().float().requires_grad_()
+    y = tk.fftconv(u, k)
+    grad = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (u, k), grad)
+    leaves = [u.detach().double().requires_grad_(), k.detach().double().requires_grad_()]
+    expected = torch.autograd.grad(by_definition(*leaves), leaves, grad.double())
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    assert cpu_fftconv.filter_grad.calls == [] and len(cpu_fftconv.calls) == 2
+
+
+def block_calls(n, nk):
+    """(convolution pieces, tail pieces) of blocks.block_conv for lengths n and nk."""
+    block = plan.KERNEL_LENGTHS[-1]
+    count, filters = -(-n // block), -(-nk // block)
+    convs = sum(1 for i in range(count) for a in range(i + 1) if i - a < filters)
+    tails = sum(1 for i in range(count) for a in range(i) if i - 1 - a < filters)
+    return convs, tails
+
+
+@pytest.mark.parametrize("n, nk, gates", [(4104, 4104, False), (8192, 8192, True), (9000, 300, True),
+                                          (12000, 5000, False), (16384, 16384, True)])
+def test_long_sequences_run_as_blocks_of_the_longest_kernel(cpu_fftconv, n, nk, gates):
+    """Past the longest kernel: blocks of it (every piece a kernel call of at most its size, the
+    tails with the conjugate spectrum), summed to the causal convolution of the whole."""
+    u, k, pre, post = make(b=1, h=2, n=n, nk=nk, dtype=torch.bfloat16, gates=gates)
+    k = k.float()
+    blocks = -(-n // plan.KERNEL_LENGTHS[-1])
+    expected_text = (f"kernel tk.fftconv_fwd_sm80 [sm80 mma.sync] bf16 n={n} fft={2 * plan.KERNEL_LENGTHS[-1]} "
+                     f"blocks={blocks}" + (" pregate+postgate" if gates else ""))
+    assert str(tk.explain_fftconv(u, k, pre, post)) == expected_text
+    with tk.strict():
+        y = tk.fftconv(u, k, pre, post)
+    assert y.shape == u.shape and y.dtype == u.dtype
+    expected = reference.causal_conv(u.double(), k.double(), None if pre is None else pre.double(),
+                                     None if post is None else post.double())
+    eps = 2.0**-8
+    assert (y.double() - expected).norm() <= 2 * eps * expected.norm()
+    assert (y.double() - expected).abs().max() <= 4 * eps * expected.abs().max()
+    convs, tails = block_calls(n, nk)
+    calls = cpu_fftconv.calls
+    assert len(calls) == convs + tails and sum(call["conjugate"] for call in calls) == tails
+    assert all(call["fft_size"] <= 2 * plan.KERNEL_LENGTHS[-1] for call in calls)
+
+
+def test_long_sequence_gradients(cpu_fftconv):
+    """The blocks' pieces are differentiable ops: gradients of every input of a three-block call
+    (the last block short) against float64 autograd."""
+    u, k, pre, post = make(b=1, h=2, n=8200, nk=5000, dtype=torch.float16, gates=True, requires_grad=True)
+    k = k.detach().float().requires_grad_()
+    y = tk.fftconv(u, k, pre, post)
+    grad = torch.randn_like(y)
+    inputs = (u, k, pre, post)
+    ours = torch.autograd.grad(y, inputs, grad)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    expected = torch.autograd.grad(reference.causal_conv(*leaves), leaves, grad.double())
+    for name, got, want in zip(("u", "k", "pregate", "postgate"), ours, expected):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item(), msg=name)
+    assert len(cpu_fftconv.filter_grad.calls) == sum(block_calls(8200, 5000))
 
 
 def test_kernel_path_under_torch_compile(cpu_fftconv):

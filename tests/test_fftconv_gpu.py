@@ -26,9 +26,10 @@ Gradients, against float64 autograd of the same computation:
     16-bit roundings of elementwise products (grad * postgate before it, the gate after it, about
     0.5 eps of relative L2 each); a gate multiplying after the kernel also scales the kernel's
     max error by max|gate| against the product's own max, hence twice the forward bounds.
-  k: relative L2 <= 2 eps, max <= 4 eps * max|ref|. torch.fft in fp32 from grad * postgate and
-    u * pregate, each rounded to 16 bits once (a correlation summed over batch and time, so those
-    roundings average), the result in k's dtype (fp32).
+  k: relative L2 <= 3 eps, max <= 4 eps * max|ref|. The filter-gradient kernel from grad * postgate
+    and u * pregate, each rounded to 16 bits once (a correlation summed over batch and time, so
+    those roundings average): its own 16-bit scheme makes 1.1 .. 1.8 eps (the bound of
+    tests/test_fftconv_kernel_gpu.py), the result in k's dtype (fp32).
 fp32 and fp64 inputs (torch.fft in their own precision): relative L2 and max <= 1e-5 (fp32),
 1e-12 (fp64).
 """
@@ -55,7 +56,7 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 REL_FACTOR, MAX_FACTOR = 2.0, 4.0
 GRAD_REL_FACTOR, GRAD_MAX_FACTOR = 4.0, 8.0
-FILTER_GRAD_REL_FACTOR, FILTER_GRAD_MAX_FACTOR = 2.0, 4.0
+FILTER_GRAD_REL_FACTOR, FILTER_GRAD_MAX_FACTOR = 3.0, 4.0
 GATES = ["none", "pre", "post", "both"]
 KERNEL = "kernel tk.fftconv_fwd_sm80 [sm80 mma.sync]"
 
@@ -65,26 +66,37 @@ def gpu_with_the_fftconv_kernel():
     require_family_gpu("fftconv")
 
 
+MAX_LENGTH = 4 * KERNEL_LENGTHS[-1]  # longer N than the longest kernel: blocks of it, up to 4
+
+
 def test_the_kernel_lengths():
-    """The kernels cover N = 256 .. 4096 (FFTs of 512 .. 8192 points); longer N go to torch.fft."""
+    """The kernels cover N = 256 .. 4096 (FFTs of 512 .. 8192 points), longer N up to 16384 as
+    blocks of the longest; longer still go to torch.fft."""
     assert tuple(fftconv_plan.KERNEL_LENGTHS) == tuple(KERNEL_LENGTHS)
+    assert fftconv_plan.MAX_LENGTH == MAX_LENGTH
     assert sorted(_extension.FFTCONV_SHARED_BYTES) == [2 * n for n in KERNEL_LENGTHS]
 
 
 # ---- the kernel path -------------------------------------------------------------------------
 
 
+def fft_size_for(n):
+    """The FFT size of the kernel a length-n call runs (its blocks' past the longest kernel)."""
+    return 2 * min(kernel_length(n), KERNEL_LENGTHS[-1])
+
+
 def kernel_fits(u, pregate):
     """Whether this GPU gives a block the shared memory of the kernel for u's length (the sizes
     are the C++ side's, from _C.fftconv_shared_bytes)."""
-    fft_size = 2 * kernel_length(u.shape[-1])
-    needed = _extension.FFTCONV_SHARED_BYTES[fft_size][pregate is not None]
+    needed = _extension.FFTCONV_SHARED_BYTES[fft_size_for(u.shape[-1])][pregate is not None]
     return needed <= torch.cuda.get_device_properties(u.device).shared_memory_per_block_optin
 
 
 def kernel_plan_text(u, pregate=None, postgate=None, copies=()):
     n = u.shape[-1]
-    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={2 * kernel_length(n)}"]
+    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={fft_size_for(n)}"]
+    if n > KERNEL_LENGTHS[-1]:
+        parts.append(f"blocks={-(-n // KERNEL_LENGTHS[-1])}")
     gates = "+".join(name for name, gate in (("pregate", pregate), ("postgate", postgate)) if gate is not None)
     if gates:
         parts.append(gates)
@@ -249,18 +261,33 @@ def test_float_inputs_go_to_torch_fft(dtype):
     assert_close(tk.fftconv(u, k, pre, post), u, k, pre, post)
 
 
-@pytest.mark.parametrize("n", [4097, 5000])
-def test_lengths_past_the_longest_kernel_go_to_torch_fft(n):
+@pytest.mark.parametrize("gates", ["none", "both"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n, nk", [(4097, 4097), (8192, 8192), (9000, 300), (12000, 12000), (16384, 16384)])
+def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
+    """Blocks of the longest kernel length (2 .. 4 of them, the last one short or whole)."""
+    seeded("blocks", n, nk, dtype, gates)
+    u = torch.randn(2, 3, n, device="cuda", dtype=dtype)
+    k = make_filter(3, nk)
+    pre, post = make_gates(u.shape, dtype, gates)
+    assert_close(on_kernel(u, k, pre, post), u, k, pre, post)
+    with torch.no_grad():
+        assert_close(tk.FFTConv(n)(u, k, pre, post), u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", [MAX_LENGTH + 8, 20000])
+def test_lengths_past_the_blocks_go_to_torch_fft(n):
     seeded("long", n)
-    u = torch.randn(2, 3, n, device="cuda", dtype=torch.bfloat16)
-    k = make_filter(3, n)
-    reason = f"length {n} is longer than the kernels' longest, {KERNEL_LENGTHS[-1]}"
+    u = torch.randn(1, 2, n, device="cuda", dtype=torch.bfloat16)
+    k = make_filter(2, n)
+    reason = (f"length {n} is longer than the kernels' longest, {MAX_LENGTH} "
+              f"(4 blocks of {KERNEL_LENGTHS[-1]})")
     plan = tk.explain_fftconv(u, k)
     assert not plan.uses_kernel and str(plan) == f"fallback torch.fft: {reason}"
     with tk.strict(), pytest.raises(tk.FallbackError, match=re.escape(reason)):
         tk.fftconv(u, k)
     assert_close(tk.fftconv(u, k), u, k)
-    assert_close(tk.FFTConv(8192)(u, k), u, k)
+    assert_close(tk.FFTConv(32768)(u, k), u, k)
 
 
 # ---- gradients -------------------------------------------------------------------------------
@@ -280,12 +307,14 @@ def backward_nodes(y):
 
 
 
-@pytest.mark.parametrize("n, nk", [(256, 256), (300, 37)])
+@pytest.mark.parametrize("n, nk", [(256, 256), (300, 37), (512, 512), (1000, 1000), (2048, 2048),
+                                   (4096, 4096), (4000, 100), (8200, 5000)])
 @pytest.mark.parametrize("gates", GATES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gradients_match_float64_autograd(dtype, gates, n, nk):
-    """The kernel path's backward (grad of u and the gates through the kernel, the filter's by
-    torch.fft) against float64 autograd of the same convolution, by the docstring's bounds."""
+    """The kernel path's backward (grad of u and the gates through the forward kernel, the
+    filter's through the filter-gradient kernel) against float64 autograd of the same
+    convolution, by the docstring's bounds."""
     seeded("grad", dtype, gates, n, nk)
     u = torch.randn(2, 3, n, device="cuda", dtype=dtype, requires_grad=True)
     k = make_filter(3, nk).requires_grad_()

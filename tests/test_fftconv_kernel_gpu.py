@@ -17,6 +17,16 @@ with y_ref the float64 causal convolution of the same 16-bit inputs (gates multi
 fp32 u has no kernel path: a hi/lo 16-bit split reaches only ~2.5e-6 relative error (model), 40x
 fp32's rounding, so tk.fftconv sends fp32 to torch.fft.
 
+The correlation (conjugate=True, the input's gradient) is the same kernel with the conjugate
+spectrum: the same rule. The filter gradient (tk::fftconv_filter_grad_sm80) transforms two
+16-bit sequences per pair (one or two roundings each on the way), rounds the accumulated
+product once and runs one inverse (one or two more): the model puts it at 1.1 .. 1.8 eps of
+relative L2 error and 0.7 .. 2.2 eps * max|grad| at worst, so it is held to
+
+    relative L2 error <= 3 eps        and        max |error| <= 4 eps * max |grad_ref|
+
+against the float64 correlation of the same 16-bit inputs.
+
 Run: pytest tests/test_fftconv_kernel_gpu.py (GPU tests; skipped without one).
 Benchmark (B=16, H=1024, every kernel length, against torch.fft in fp32):
     python tests/test_fftconv_kernel_gpu.py
@@ -38,6 +48,8 @@ DTYPES = [torch.bfloat16, torch.float16]
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 REL_FACTOR = 2.0
 MAX_FACTOR = 4.0
+FILTER_GRAD_REL_FACTOR = 3.0
+FILTER_GRAD_MAX_FACTOR = 4.0
 GATES = ["none", "pre", "post", "both"]
 
 
@@ -47,6 +59,7 @@ def kernel_must_run_here():
         spectrum = torch.ops.tk.fftconv_filter_spectrum(torch.zeros(1, 1, device="cuda"), 512)
         u = torch.zeros(1, 1, 256, device="cuda", dtype=torch.bfloat16)
         torch.ops.tk.fftconv_fwd_sm80(u, spectrum, None, None, 512)
+        torch.ops.tk.fftconv_filter_grad_sm80(u, u, 512)
 
     require_kernel_op("fftconv", "fftconv_fwd_sm80", probe)
 
@@ -204,33 +217,138 @@ def test_non_default_stream():
     assert_close(y, u, k)
 
 
-# ---- the spectrum's layout ------------------------------------------------------------------
-
-DECOMPOSITION = {512: (32, 1, 16), 1024: (32, 1, 32), 2048: (64, 1, 32), 4096: (16, 16, 16), 8192: (32, 16, 16)}
+# ---- the spectrum ----------------------------------------------------------------------------
 
 
-def expected_position(k_index, fft_size):
-    """Complex index of fft(k)[k_index] in the spectrum (csrc/fftconv/params.h)."""
-    r, p, q = DECOMPOSITION[fft_size]
-    kr, rest = k_index % r, k_index // r
-    if p == 1:
-        return kr * q + rest
-    kp, kq = rest % p, rest // p
-    rh, rl, ch, cm, e = kp // 8, kp % 8, kq // 8, (kq % 8) // 2, kq % 2
-    return 256 * kr + ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e
-
-
-@pytest.mark.parametrize("fft_size", sorted(DECOMPOSITION))
-def test_filter_spectrum_layout(fft_size):
-    seeded("layout", fft_size)
+@pytest.mark.parametrize("fft_size", [512, 1024, 2048, 4096, 8192])
+def test_filter_spectrum_is_the_rfft(fft_size):
+    """The kernels take rfft(k, fft_size) as (H, fft_size / 2 + 1, 2) floats and build each
+    position's K[f] (conj(K[L - f]) above L / 2) themselves."""
+    seeded("spectrum", fft_size)
     k = torch.randn(3, fft_size // 2 - 5, device="cuda")
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, fft_size)
-    assert spectrum.shape == (3, fft_size, 2) and spectrum.dtype == torch.float32 and spectrum.is_contiguous()
-    expected = torch.fft.fft(k.double(), n=fft_size)
-    positions = torch.tensor([expected_position(i, fft_size) for i in range(fft_size)], device="cuda")
-    assert sorted(positions.tolist()) == list(range(fft_size))
-    got = torch.view_as_complex(spectrum[:, positions].contiguous()).to(torch.complex128)
-    assert (got - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+    assert spectrum.shape == (3, fft_size // 2 + 1, 2) and spectrum.dtype == torch.float32
+    assert spectrum.is_contiguous()
+    expected = torch.view_as_real(torch.fft.rfft(k.double(), n=fft_size))
+    assert (spectrum.double() - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+# ---- the correlation (conjugate spectrum) ------------------------------------------------------
+
+
+def correlation_reference(u, k, pregate=None, postgate=None):
+    """float64 y[n] = postgate[n] * sum_{m >= n} k[m - n] (u * pregate)[m]."""
+    n = u.shape[-1]
+    w = u.double() if pregate is None else u.double() * pregate.double()
+    spectrum = torch.fft.rfft(k.double(), n=2 * n).conj()
+    y = torch.fft.irfft(torch.fft.rfft(w, n=2 * n) * spectrum, n=2 * n)[..., :n]
+    return y if postgate is None else y * postgate.double()
+
+
+@pytest.mark.parametrize("gates", ["none", "both"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_conjugate_spectrum_is_the_correlation(n, dtype, gates):
+    seeded("correlation", n, dtype, gates)
+    u = torch.randn(3, 4, n, device="cuda", dtype=dtype)
+    k = make_filter(4, n)
+    pre, post = make_gates(u.shape, dtype, gates)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    poison = torch.full(u.shape, math.nan, dtype=dtype, device="cuda")
+    address = poison.data_ptr()
+    del poison
+    y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pre, post, 2 * n, True)
+    assert y.data_ptr() == address
+    ref = correlation_reference(u, k, pre, post)
+    assert torch.isfinite(y).all()
+    err = y.double() - ref
+    eps = EPS[dtype]
+    assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
+    assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
+
+
+# ---- the filter gradient ----------------------------------------------------------------------
+
+
+def filter_grad_reference(dy, u):
+    """float64 grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t], t < n."""
+    n = u.shape[-1]
+    products = torch.fft.rfft(dy.double(), n=2 * n) * torch.fft.rfft(u.double(), n=2 * n).conj()
+    return torch.fft.irfft(products.sum(0), n=2 * n)[..., :n]
+
+
+def assert_filter_grad_close(grad, dy, u):
+    assert grad.dtype == torch.float32 and grad.shape == (u.shape[1], u.shape[2])
+    assert torch.isfinite(grad).all(), "filter gradient has NaN/inf"
+    ref = filter_grad_reference(dy, u)
+    eps = EPS[u.dtype]
+    err = grad.double() - ref
+    rel = err.norm().item() / ref.norm().item()
+    assert rel <= FILTER_GRAD_REL_FACTOR * eps, f"relative L2 error {rel / eps:.2f} eps"
+    worst = err.abs().max().item() / ref.abs().max().item()
+    assert worst <= FILTER_GRAD_MAX_FACTOR * eps, f"max error {worst / eps:.2f} eps * max|ref|"
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_filter_grad_matches_reference(n, dtype, batch):
+    """Every kernel length; one sequence, an odd batch (a half-used pair), many pairs per head."""
+    seeded("filter-grad", n, dtype, batch)
+    u = torch.randn(batch, 5, n, device="cuda", dtype=dtype)
+    dy = torch.randn(batch, 5, n, device="cuda", dtype=dtype)
+    assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
+
+
+@pytest.mark.parametrize("n", [8, 136, 264, 1000, 2056, 4088])
+def test_filter_grad_lengths_between_kernel_lengths(n):
+    seeded("filter-grad-between", n)
+    u = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
+    assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * kernel_length(n)), dy, u)
+
+
+@pytest.mark.parametrize("batch, heads", [(64, 3), (40, 300), (2, 5000), (1, 1)])
+@pytest.mark.parametrize("n", [256, 2048, 4096])
+def test_filter_grad_heads_over_blocks(n, batch, heads):
+    """A head's pairs spread over several blocks (few heads, many pairs: partial sums added into
+    the output), or many whole heads per block."""
+    seeded("filter-grad-blocks", n, batch, heads)
+    u = torch.randn(batch, heads, n, device="cuda", dtype=torch.float16)
+    dy = torch.randn(batch, heads, n, device="cuda", dtype=torch.float16)
+    assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
+
+
+@pytest.mark.parametrize("n", [256, 1024, 4096])
+def test_filter_grad_small_gradients_in_fp16(n):
+    """dy around 1e-4 (fp16's normal range ends at 6e-5): the accumulated spectrum is scaled by a
+    power of two before it becomes a 16-bit operand, so its digits survive."""
+    seeded("filter-grad-small", n)
+    u = torch.randn(4, 3, n, device="cuda", dtype=torch.float16) * 0.05
+    dy = (torch.randn(4, 3, n, device="cuda") * 1e-4).half()
+    assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
+
+
+@pytest.mark.parametrize("n", [512, 4096])
+def test_filter_grad_strided_inputs(n):
+    seeded("filter-grad-strided", n)
+    u = torch.randn(4, 6, n + 16, device="cuda", dtype=torch.bfloat16)[:, ::2, 8:8 + n]
+    dy = torch.randn(3, 4, n, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    assert not u.is_contiguous() and not dy.is_contiguous()
+    assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
+
+
+def test_filter_grad_rejects_what_the_kernel_cannot_take():
+    u = torch.randn(2, 3, 256, device="cuda", dtype=torch.bfloat16)
+    op = torch.ops.tk.fftconv_filter_grad_sm80
+    with pytest.raises(RuntimeError, match="fft_size"):
+        op(u, u, 768)
+    with pytest.raises(RuntimeError, match="dy must have u's shape"):
+        op(u[:1], u, 512)
+    with pytest.raises(RuntimeError, match="dy has dtype"):
+        op(u.half(), u, 512)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        op(u[..., :250], u[..., :250], 512)
 
 
 # ---- the op's own checks ----------------------------------------------------------------------
@@ -257,6 +375,8 @@ def test_rejects_what_the_kernel_cannot_take():
         op(torch.randn(2, 3, 260, device="cuda", dtype=torch.bfloat16)[..., :256], spectrum, None, None, 512)
     with pytest.raises(RuntimeError, match="k's length"):
         torch.ops.tk.fftconv_filter_spectrum(torch.randn(3, 257, device="cuda"), 512)
+    with pytest.raises(RuntimeError, match="k_spectrum must have shape"):
+        op(u, torch.randn(3, 512, 2, device="cuda"), None, None, 512)
 
 
 # ---- benchmark ------------------------------------------------------------------------------

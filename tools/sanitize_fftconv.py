@@ -3,10 +3,11 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
         python3 tools/sanitize_fftconv.py
 
-Calls torch.ops.tk.fftconv_fwd_sm80 directly (no fallback can hide a kernel problem) at every
-kernel length, both dtypes, with and without gates, shorter inputs than the kernel length, and
-batches that leave a head's last pair half-used. Inputs and the float64 reference are made on
-the CPU. Exits non-zero on any mismatch.
+Calls torch.ops.tk.fftconv_fwd_sm80 (the convolution and, with the conjugate spectrum, the
+correlation) and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
+problem) at every kernel length, both dtypes, with and without gates, shorter inputs than the
+kernel length, and batches that leave a head's last pair half-used. Inputs and the float64
+references are made on the CPU. Exits non-zero on any mismatch.
 """
 
 import itertools
@@ -15,9 +16,27 @@ import sys
 import torch
 
 import thunderkittens  # noqa: F401  (registers torch.ops.tk.*)
-from thunderkittens._fftconv import plan, reference
+from thunderkittens._fftconv import plan
 
 DTYPES = [torch.bfloat16, torch.float16]
+
+
+def reference(u, k, pre, post, conjugate):
+    n = u.shape[-1]
+    w = u.double() * (pre.double() if pre is not None else 1)
+    spectrum = torch.fft.rfft(k.double(), n=2 * n)
+    y = torch.fft.irfft(torch.fft.rfft(w, n=2 * n) * (spectrum.conj() if conjugate else spectrum), n=2 * n)[..., :n]
+    return y * (post.double() if post is not None else 1)
+
+
+def filter_grad_reference(dy, u):
+    n = u.shape[-1]
+    products = torch.fft.rfft(dy.double(), n=2 * n) * torch.fft.rfft(u.double(), n=2 * n).conj()
+    return torch.fft.irfft(products.sum(0), n=2 * n)[..., :n]
+
+
+def relative(got, ref):
+    return ((got.cpu().double() - ref).norm() / ref.norm()).item()
 
 
 def main() -> int:
@@ -31,15 +50,23 @@ def main() -> int:
         pre = torch.randn(batch, heads, n).to(dtype) if gated else None
         post = torch.randn(batch, heads, n).to(dtype) if gated else None
         spectrum = torch.ops.tk.fftconv_filter_spectrum(k.cuda(), fft_size)
-        y = torch.ops.tk.fftconv_fwd_sm80(u.cuda(), spectrum, pre.cuda() if gated else None,
-                                          post.cuda() if gated else None, fft_size)
-        ref = reference.causal_conv(u.double(), k.double(), pre.double() if gated else None,
-                                    post.double() if gated else None)
-        err = ((y.cpu().double() - ref).norm() / ref.norm()).item()
-        runs += 1
-        if not err <= 2 ** -6:
-            failures += 1
-            print(f"MISMATCH length={length} {dtype} gated={gated} batch={batch}: relative L2 {err:.3e}")
+        for conjugate in (False, True):
+            y = torch.ops.tk.fftconv_fwd_sm80(u.cuda(), spectrum, pre.cuda() if gated else None,
+                                              post.cuda() if gated else None, fft_size, conjugate)
+            err = relative(y, reference(u, k, pre, post, conjugate))
+            runs += 1
+            if not err <= 2 ** -6:
+                failures += 1
+                print(f"MISMATCH length={length} {dtype} gated={gated} batch={batch} conjugate={conjugate}: "
+                      f"relative L2 {err:.3e}")
+        if not gated:
+            dy = torch.randn(batch, heads, n).to(dtype)
+            grad = torch.ops.tk.fftconv_filter_grad_sm80(dy.cuda(), u.cuda(), fft_size)
+            err = relative(grad, filter_grad_reference(dy, u))
+            runs += 1
+            if not err <= 2 ** -6:
+                failures += 1
+                print(f"MISMATCH filter gradient length={length} {dtype} batch={batch}: relative L2 {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize_fftconv: {runs} calls, {failures} mismatches")
     return 1 if failures else 0

@@ -189,13 +189,18 @@ struct sequence_chunks {
     static constexpr int per_chunk = 16 / int(sizeof(typename ST::dtype));
     static constexpr int count = ELEMS / per_chunk;
     static_assert(ELEMS % per_chunk == 0 && ELEMS <= ST::rows * ST::cols && ST::cols % per_chunk == 0);
-    // f(element, row, col) for each chunk this thread (of THREADS) handles.
+    // f(element, row, col) for each chunk this thread (0 <= thread < THREADS) handles. A loop of
+    // a fixed trip count in unsigned arithmetic: these run for every task, and a loop bounded at
+    // run time with signed divisions cost hundreds of instructions per task.
     template <int THREADS, typename F>
     __device__ static void for_mine(int thread, F&& f) {
 #pragma unroll
-        for (int c = thread; c < count; c += THREADS) {
-            const int e = c * per_chunk;
-            f(e, e / ST::cols, e % ST::cols);
+        for (int i = 0; i < (count + THREADS - 1) / THREADS; i++) {
+            const uint32_t c = uint32_t(thread) + uint32_t(i * THREADS);
+            if (count % THREADS == 0 || c < uint32_t(count)) {
+                const uint32_t e = c * per_chunk;
+                f(int(e), int(e / ST::cols), int(e % ST::cols));
+            }
         }
     }
 };
@@ -237,11 +242,13 @@ template <int ROWS, int COLS, typename ST>
 __device__ __forceinline__ void warp_store_sequence(typename ST::dtype* seq, int valid, const ST& tile, int row0,
                                                     int col0) {
     constexpr int per_chunk = 16 / int(sizeof(typename ST::dtype));
-    constexpr int chunks_per_row = COLS / per_chunk;
+    constexpr int chunks_per_row = COLS / per_chunk, chunks = ROWS * chunks_per_row;
     static_assert(COLS % per_chunk == 0);
 #pragma unroll
-    for (int c = kt::lane_id(); c < ROWS * chunks_per_row; c += kt::WARP_THREADS) {
-        const int row = row0 + c / chunks_per_row, col = col0 + (c % chunks_per_row) * per_chunk;
+    for (int i = 0; i < (chunks + kt::WARP_THREADS - 1) / kt::WARP_THREADS; i++) {
+        const uint32_t c = uint32_t(kt::lane_id() + i * kt::WARP_THREADS);
+        if (chunks % kt::WARP_THREADS != 0 && c >= uint32_t(chunks)) break;
+        const int row = row0 + int(c / chunks_per_row), col = col0 + int(c % chunks_per_row) * per_chunk;
         const uint32_t e = uint32_t(row * ST::cols + col);  // unsigned: no 64-bit sign extension to keep live
         if (e < uint32_t(valid)) *reinterpret_cast<uint4*>(seq + e) = *reinterpret_cast<const uint4*>(tile.ptr(row, col));
     }

@@ -1,7 +1,8 @@
-// CUDA implementation of tk::fftconv_fwd_sm80 and the (device-independent) implementation of
-// tk::fftconv_filter_spectrum: re-check the inputs (cheaply: shapes, dtypes, devices, strides,
-// alignment; never data), allocate the output, describe the call in a plain params struct
-// (params.h) and launch the kernel on the current stream of u's device.
+// CUDA implementations of tk::fftconv_fwd_sm80 and tk::fftconv_filter_grad_sm80 and the
+// (device-independent) implementation of tk::fftconv_filter_spectrum: re-check the inputs
+// (cheaply: shapes, dtypes, devices, strides, alignment; never data), allocate the output,
+// describe the call in a plain params struct (params.h) and launch the kernel on the current
+// stream of u's device.
 //
 // The Python layer (thunderkittens.fftconv) makes inputs conform; these checks are for direct
 // callers of torch.ops.tk.* and name the op and the offending argument.
@@ -22,6 +23,7 @@ namespace tk::fftconv {
 namespace {
 
 constexpr const char* kFwdOp = "tk::fftconv_fwd_sm80: ";
+constexpr const char* kGradOp = "tk::fftconv_filter_grad_sm80: ";
 constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
 
 void check_fft_size(int64_t fft_size, const char* op) {
@@ -31,55 +33,66 @@ void check_fft_size(int64_t fft_size, const char* op) {
                 "length 256 .. 4096), got ", fft_size);
 }
 
-void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u) {
-    check_like(t, name, u, "u", kFwdOp);
-    TORCH_CHECK(t.sizes() == u.sizes(), kFwdOp, name, " must have u's shape ", u.sizes(), ", got ", t.sizes());
-    check_row_layout(t, name, kFwdOp);
+void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u, const char* op) {
+    check_like(t, name, u, "u", op);
+    TORCH_CHECK(t.sizes() == u.sizes(), op, name, " must have u's shape ", u.sizes(), ", got ", t.sizes());
+    check_row_layout(t, name, op);
 }
 
-at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
-                                 const std::optional<at::Tensor>& pregate,
-                                 const std::optional<at::Tensor>& postgate, int64_t fft_size) {
-    TORCH_CHECK(u.defined(), kFwdOp, "u is undefined");
-    check_extents(u, "u", 3, "(batch, heads, length)", kFwdOp);
+// u (B, H, n) bf16/fp16 with n a multiple of 8 and at most fft_size / 2; returns its element type.
+ElementType check_sequences(const at::Tensor& u, int64_t fft_size, const char* op) {
+    TORCH_CHECK(u.defined(), op, "u is undefined");
+    check_extents(u, "u", 3, "(batch, heads, length)", op);
     ElementType dtype{};
     switch (u.scalar_type()) {
         case at::kBFloat16: dtype = ElementType::bf16; break;
         case at::kHalf: dtype = ElementType::fp16; break;
-        default: TORCH_CHECK(false, kFwdOp, "u must be bfloat16 or float16, got ", u.scalar_type());
+        default: TORCH_CHECK(false, op, "u must be bfloat16 or float16, got ", u.scalar_type());
     }
-    check_fft_size(fft_size, kFwdOp);
+    check_fft_size(fft_size, op);
     const int64_t length = u.size(2);
-    TORCH_CHECK(length <= fft_size / 2, kFwdOp, "u's length ", length, " must be at most fft_size / 2 = ",
-                fft_size / 2, " (a causal convolution needs an FFT of twice the length)");
-    TORCH_CHECK(length % 8 == 0, kFwdOp, "u's length must be a multiple of 8, got ", length,
+    TORCH_CHECK(length <= fft_size / 2, op, "u's length ", length, " must be at most fft_size / 2 = ", fft_size / 2,
+                " (a causal convolution needs an FFT of twice the length)");
+    TORCH_CHECK(length % 8 == 0, op, "u's length must be a multiple of 8, got ", length,
                 "; pad u (and the gates) with zeros at the end and slice the result");
-    check_sequence_tensor(u, "u", u);
-    if (pregate.has_value()) check_sequence_tensor(*pregate, "pregate", u);
-    if (postgate.has_value()) check_sequence_tensor(*postgate, "postgate", u);
+    check_sequence_tensor(u, "u", u, op);
+    return dtype;
+}
+
+// The device can run the kernel that needs `shared_bytes` of shared memory per block.
+void check_device(const at::Tensor& u, int shared_bytes, int64_t fft_size, const char* what, const char* op) {
+    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(props->major >= 8, op, "this kernel needs an sm_80 or newer GPU, ", u.device(), " is sm_",
+                props->major, props->minor, "; thunderkittens.fftconv uses torch.fft there");
+    TORCH_CHECK(static_cast<size_t>(shared_bytes) <= props->sharedMemPerBlockOptin, op, "the kernel for fft_size ", fft_size,
+                what, " needs ", shared_bytes / 1024, " KiB of shared memory per block; ", u.device(), " (sm_",
+                props->major, props->minor, ") has ", props->sharedMemPerBlockOptin / 1024,
+                " KiB; thunderkittens.fftconv uses torch.fft there");
+}
+
+at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
+                                 const std::optional<at::Tensor>& pregate,
+                                 const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate) {
+    const ElementType dtype = check_sequences(u, fft_size, kFwdOp);
+    if (pregate.has_value()) check_sequence_tensor(*pregate, "pregate", u, kFwdOp);
+    if (postgate.has_value()) check_sequence_tensor(*postgate, "postgate", u, kFwdOp);
 
     TORCH_CHECK(k_spectrum.defined(), kFwdOp, "k_spectrum is undefined");
     TORCH_CHECK(k_spectrum.device() == u.device(), kFwdOp, "k_spectrum is on ", k_spectrum.device(),
                 " but u is on ", u.device());
     TORCH_CHECK(k_spectrum.scalar_type() == at::kFloat, kFwdOp,
                 "k_spectrum must be float32 (from tk::fftconv_filter_spectrum), got ", k_spectrum.scalar_type());
-    TORCH_CHECK(k_spectrum.dim() == 3 && k_spectrum.size(0) == u.size(1) && k_spectrum.size(1) == fft_size &&
+    TORCH_CHECK(k_spectrum.dim() == 3 && k_spectrum.size(0) == u.size(1) && k_spectrum.size(1) == fft_size / 2 + 1 &&
                     k_spectrum.size(2) == 2,
-                kFwdOp, "k_spectrum must have shape (heads, fft_size, 2) = (", u.size(1), ", ", fft_size,
-                ", 2) (from tk::fftconv_filter_spectrum(k, fft_size)), got ", k_spectrum.sizes());
+                kFwdOp, "k_spectrum must have shape (heads, fft_size / 2 + 1, 2) = (", u.size(1), ", ",
+                fft_size / 2 + 1, ", 2) (from tk::fftconv_filter_spectrum(k, fft_size)), got ", k_spectrum.sizes());
     TORCH_CHECK(k_spectrum.is_contiguous(), kFwdOp, "k_spectrum must be contiguous");
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(k_spectrum.const_data_ptr()) % 16 == 0, kFwdOp,
-                "k_spectrum's data pointer must be 16-byte aligned; pass a fresh copy (x.clone())");
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(k_spectrum.const_data_ptr()) % 8 == 0, kFwdOp,
+                "k_spectrum's data pointer must be 8-byte aligned; pass a fresh copy (x.clone())");
 
     const c10::cuda::CUDAGuard device_guard(u.device());
-    const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-    TORCH_CHECK(props->major >= 8, kFwdOp, "this kernel needs an sm_80 or newer GPU, ", u.device(), " is sm_",
-                props->major, props->minor, "; thunderkittens.fftconv uses torch.fft there");
-    const int shared_bytes = fftconv_fwd_sm80_shared_bytes(static_cast<int>(fft_size), pregate.has_value());
-    TORCH_CHECK(static_cast<size_t>(shared_bytes) <= props->sharedMemPerBlockOptin, kFwdOp, "the kernel for fft_size ",
-                fft_size, pregate.has_value() ? " with a pregate" : "", " needs ", shared_bytes / 1024,
-                " KiB of shared memory per block; ", u.device(), " (sm_", props->major, props->minor, ") has ",
-                props->sharedMemPerBlockOptin / 1024, " KiB; thunderkittens.fftconv uses torch.fft there");
+    check_device(u, fftconv_fwd_sm80_shared_bytes(static_cast<int>(fft_size), pregate.has_value()), fft_size,
+                 pregate.has_value() ? " with a pregate" : "", kFwdOp);
 
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
@@ -97,12 +110,13 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
         p.post_stride_b = s[0], p.post_stride_h = s[1];
     }
     p.spectrum = k_spectrum.const_data_ptr<float>();
+    p.conjugate = conjugate;
     p.y = y.mutable_data_ptr();
     const auto ys = kernel_strides<3>(y);
     p.y_stride_b = ys[0], p.y_stride_h = ys[1];
     p.batch = static_cast<int>(u.size(0));
     p.heads = static_cast<int>(u.size(1));
-    p.seqlen = static_cast<int>(length);
+    p.seqlen = static_cast<int>(u.size(2));
     p.fft_size = static_cast<int>(fft_size);
     p.dtype = dtype;
     p.multiprocessors = multiprocessor_count();
@@ -111,9 +125,35 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     return y;
 }
 
-// fft(k, fft_size) per head in fp32, in the layout params.h describes for fft_size's kernel.
-// Plain ATen (any device, traceable, differentiable): a per-call precompute, or cached by a
-// module whose filter does not change.
+at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor& u, int64_t fft_size) {
+    const ElementType dtype = check_sequences(u, fft_size, kGradOp);
+    check_sequence_tensor(dy, "dy", u, kGradOp);
+    const c10::cuda::CUDAGuard device_guard(u.device());
+    check_device(u, fftconv_filter_grad_sm80_shared_bytes(static_cast<int>(fft_size)), fft_size, "", kGradOp);
+
+    at::Tensor grad = at::zeros({u.size(1), u.size(2)}, u.options().dtype(at::kFloat));
+    FilterGradParams p{};
+    p.dy = dy.const_data_ptr();
+    const auto ds = kernel_strides<3>(dy);
+    p.dy_stride_b = ds[0], p.dy_stride_h = ds[1];
+    p.u = u.const_data_ptr();
+    const auto us = kernel_strides<3>(u);
+    p.u_stride_b = us[0], p.u_stride_h = us[1];
+    p.grad = grad.mutable_data_ptr<float>();
+    p.batch = static_cast<int>(u.size(0));
+    p.heads = static_cast<int>(u.size(1));
+    p.seqlen = static_cast<int>(u.size(2));
+    p.fft_size = static_cast<int>(fft_size);
+    p.dtype = dtype;
+    p.multiprocessors = multiprocessor_count();
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(u.device().index()).stream();
+    check_launch(fftconv_filter_grad_sm80(p, stream), kGradOp);
+    return grad;
+}
+
+// rfft(k, fft_size) per head in fp32, as (heads, fft_size / 2 + 1, 2) floats: the form the
+// kernels take. Plain ATen (any device, traceable, differentiable): a per-call precompute, or
+// cached by a module whose filter does not change.
 at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
     TORCH_CHECK(k.defined(), kSpectrumOp, "k is undefined");
     TORCH_CHECK(k.dim() == 2, kSpectrumOp, "k must be 2-D (heads, filter length), got shape ", k.sizes());
@@ -122,22 +162,7 @@ at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
     check_fft_size(fft_size, kSpectrumOp);
     TORCH_CHECK(k.size(1) >= 1 && k.size(1) <= fft_size / 2, kSpectrumOp, "k's length must be 1 .. fft_size / 2 = ",
                 fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
-    const Decomposition d = decomposition(static_cast<int>(fft_size));
-    const int64_t heads = k.size(0);
-    const at::Tensor spectrum = at::fft_fft(k.to(at::kFloat), fft_size, /*dim=*/-1);  // (heads, L) complex
-    at::Tensor ordered;
-    if (d.p == 1) {
-        // [k_r][k_q] = K[k_r + R k_q]
-        ordered = spectrum.view({heads, d.q, d.r}).transpose(1, 2);
-    } else {
-        // [k_r][k_p][k_q] = K[k_r + R k_p + R P k_q], then each 16 x 16 tile in fragment order:
-        // (row, col) = (8 rh + rl, 8 ch + 2 cm + e) goes to ((ch, rh, rl, cm), e).
-        ordered = spectrum.view({heads, d.q, d.p, d.r})
-                      .permute({0, 3, 2, 1})
-                      .reshape({heads, d.r, 2, 8, 2, 4, 2})
-                      .permute({0, 1, 4, 2, 3, 5, 6});
-    }
-    return at::view_as_real(ordered.contiguous()).reshape({heads, fft_size, 2});
+    return at::view_as_real(at::fft_rfft(k.to(at::kFloat), fft_size, /*dim=*/-1));
 }
 
 }  // namespace
@@ -145,6 +170,7 @@ at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &tk::fftconv::fftconv_fwd_sm80_cuda);
+    m.impl("fftconv_filter_grad_sm80", &tk::fftconv::fftconv_filter_grad_sm80_cuda);
 }
 
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {

@@ -114,6 +114,79 @@ def three_factor(u, spectrum, R, dtype, pre=None, post=None, P=16, Q=16):
     return unpack_pairs(y.reshape(-1, n), batch, dtype, post)
 
 
+def two_factor_spectrum(z, R, Q, dtype):
+    """Forward transform of packed pairs z (pairs, N): fft(z, L)[k_r + R k_q] / sqrt(L) at
+    [k_r, k_q], left in fp32 accumulators (unrounded)."""
+    L = 2 * z.shape[-1]
+    X = z.reshape(-1, R // 2, Q)
+    FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)
+    FQ = rnd(dft(Q) / math.sqrt(Q), dtype)
+    tw = root(L, np.arange(R)[:, None] * np.arange(Q)[None, :])
+    return rnd((FRh @ X) * tw, dtype) @ FQ
+
+
+def two_factor_inverse(W, R, Q, dtype):
+    """The inverse of a spectrum W [k_r, k_q] (16-bit), rows r < R/2: (N,) complex, / sqrt(L)."""
+    L = R * Q
+    FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)
+    FQ = rnd(dft(Q) / math.sqrt(Q), dtype)
+    tw = root(L, np.arange(R)[:, None] * np.arange(Q)[None, :])
+    U = rnd((W @ np.conj(FQ)) * np.conj(tw), dtype)
+    return (np.conj(FRh).T @ U).reshape(L // 2)
+
+
+def three_factor_spectrum(z, R, dtype, P=16, Q=16):
+    L = 2 * z.shape[-1]
+    X = z.reshape(-1, R // 2, P * Q)
+    FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)
+    FP, FQ = rnd(dft(P) / math.sqrt(P), dtype), rnd(dft(Q) / math.sqrt(Q), dtype)
+    kr, p, q = np.arange(R)[:, None, None], np.arange(P)[None, :, None], np.arange(Q)[None, None, :]
+    fp32 = lambda x: x.astype(np.complex64).astype(np.complex128)
+    tw1 = fp32(fp32(root(L, kr * q)) * fp32(root(L, Q * kr * p)))
+    tw2 = root(P * Q, p * q)[0]
+    Y = rnd((FRh @ X).reshape(-1, R, P, Q) * tw1, dtype)
+    Z = rnd(np.einsum('ap,nrpq->nraq', FP, Y) * tw2, dtype)
+    return Z @ FQ                                                       # [k_r, k_p, k_q]
+
+
+def three_factor_inverse(W, R, dtype, P=16, Q=16):
+    L = R * P * Q
+    FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)
+    FP, FQ = rnd(dft(P) / math.sqrt(P), dtype), rnd(dft(Q) / math.sqrt(Q), dtype)
+    kr, p, q = np.arange(R)[:, None, None], np.arange(P)[None, :, None], np.arange(Q)[None, None, :]
+    fp32 = lambda x: x.astype(np.complex64).astype(np.complex128)
+    tw1 = fp32(fp32(root(L, kr * q)) * fp32(root(L, Q * kr * p)))
+    tw2 = root(P * Q, p * q)[0]
+    V = rnd((W @ np.conj(FQ)) * np.conj(tw2), dtype)
+    U = rnd(np.einsum('pa,raq->rpq', np.conj(FP), V) * np.conj(tw1), dtype)
+    return (np.conj(FRh).T @ U.reshape(R, P * Q)).reshape(L // 2)
+
+
+def filter_grad_model(u, dy, dtype):
+    """grad[t] = sum_b sum_n dy[b, n] u[b, n - t] (u, dy (B, N), N a kernel length) as the
+    filter-gradient kernels compute it: both packed sequences transformed, S = sum over pairs of
+    fft(dy) conj(fft(u)) in fp32, scaled by a power of two to [32, 64) at its largest, rounded to
+    16 bits, one inverse, the real part rescaled."""
+    n = u.shape[-1]
+    R, P, Q = CONFIGS[n]
+    zu, zd = pack_pairs(u, dtype, None), pack_pairs(dy, dtype, None)
+    if P == 1:
+        S = (two_factor_spectrum(zd, R, Q, dtype) * np.conj(two_factor_spectrum(zu, R, Q, dtype))).sum(0)
+    else:
+        S = (three_factor_spectrum(zd, R, dtype, P, Q) * np.conj(three_factor_spectrum(zu, R, dtype, P, Q))).sum(0)
+    _, e = math.frexp(max(np.abs(S.real).max(), np.abs(S.imag).max()))
+    scale = 2.0 ** (6 - e)
+    W = rnd(S * scale, dtype)
+    y = two_factor_inverse(W, R, Q, dtype) if P == 1 else three_factor_inverse(W, R, dtype, P, Q)
+    return y.real * math.sqrt(2 * n) / scale
+
+
+def filter_grad_reference(u, dy):
+    n = u.shape[-1]
+    products = torch.fft.rfft(torch.as_tensor(dy), n=2 * n) * torch.fft.rfft(torch.as_tensor(u), n=2 * n).conj()
+    return torch.fft.irfft(products.sum(0), n=2 * n)[:n].numpy()
+
+
 def model(u, spectrum, dtype, pre=None, post=None):
     """y for u (B, N) with N a kernel length; spectrum = fft(k, 2N) in natural order."""
     R, P, Q = CONFIGS[u.shape[-1]]
@@ -148,6 +221,19 @@ def main():
                 print(f"  N={n:5d} {name} gates={int(gated)}: {relative_l2(y, ref) / eps:.2f} eps, max "
                       f"{np.abs(y - ref).max() / np.abs(ref).max() / eps:.2f} eps (rounding y alone: "
                       f"{floor / eps:.2f} eps)")
+
+    print("filter gradient: relative L2 error and max error / max|grad| in eps")
+    for n in CONFIGS:
+        u, dy = rng.standard_normal((5, n)), rng.standard_normal((5, n))
+        print(f"  N={n:5d} exact: {relative_l2(filter_grad_model(u, dy, None), filter_grad_reference(u, dy)):.1e}")
+        for name, dtype, eps in (("bf16", torch.bfloat16, 2.0**-8), ("fp16", torch.float16, 2.0**-11)):
+            for batch, dy_scale in ((6, 1.0), (16, 1.0), (5, 1e-3)):
+                u = rnd(rng.standard_normal((batch, n)), dtype)
+                dy = rnd(rng.standard_normal((batch, n)) * dy_scale, dtype)
+                ref = filter_grad_reference(u, dy)
+                g = filter_grad_model(u, dy, dtype)
+                print(f"  N={n:5d} {name} B={batch} |dy|~{dy_scale:g}: {relative_l2(g, ref) / eps:.2f} eps, "
+                      f"max {np.abs(g - ref).max() / np.abs(ref).max() / eps:.2f} eps")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-// Plain-C++ description of one causal FFT convolution call, shared by the torch op
-// (fftconv_ops.cpp) and the kernel file, which must not include torch headers.
+// Plain-C++ description of the FFT convolution calls, shared by the torch ops (fftconv_ops.cpp)
+// and the kernel files, which must not include torch headers.
 //
-// The kernels compute, per (batch b, head h),
+// The forward kernels compute, per (batch b, head h),
 //   y[b, h, :n] = irfft(rfft(u[b, h] * pregate[b, h], L) * K[h], L)[:n] * postgate[b, h]
 // with L = fft_size and n = seqlen <= L / 2 (u is zero past n: the causal half of an FFT of
-// twice the kernel length), K[h] the filter's spectrum fft(k[h], L) handed over precomputed in
-// the layout below (fftconv_filter_spectrum builds it).
+// twice the kernel length), K[h] = rfft(k[h], L) the filter's spectrum (conj(K[h]) for the
+// correlation that is the convolution's input gradient). The filter-gradient kernels compute
+//   grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t]        (t < n)
+// the filter's gradient of that convolution (gates already applied by the caller).
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -16,8 +18,7 @@ enum class ElementType { bf16, fp16 };
 
 // How the kernel for an FFT of length L factors it (L = R * P * Q, index n = q + Q p + Q P r,
 // frequency k = k_r + R k_p + R P k_q; r is the slowest input index, so the causal zero half
-// is r >= R / 2). P == 1: two factors, R x Q. Shared by the kernel (its tile shapes) and the
-// op (the spectrum's layout), so they cannot disagree.
+// is r >= R / 2). P == 1: two factors, R x Q.
 struct Decomposition {
     int fft_size;  // L; 0: no kernel for this length
     int r, p, q;
@@ -34,13 +35,10 @@ constexpr Decomposition decomposition(int fft_size) {
     }
 }
 
-// Filter spectrum layout, (heads, L, 2) fp32 contiguous (re, im interleaved), per head:
-//  - two factors (P == 1): K[k_r + R k_q] at complex index k_r * Q + k_q (row-major R x Q);
-//  - three factors: R tiles of 16 x 16 (rows k_p, cols k_q), tile k_r at complex index
-//    256 k_r, inside a tile in the order of the kernel's register fragments: element
-//    (row, col) = (8 rh + rl, 8 ch + 2 cm + e) (rh, ch, e in {0, 1}, rl < 8, cm < 4) at complex
-//    index ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e, so a warp reads each tile as 16-byte
-//    chunks, 512 contiguous bytes per access.
+// The filter's spectrum as the kernels take it: rfft(k, L) per head, (heads, L / 2 + 1) complex
+// fp32 as interleaved (re, im) floats, contiguous: torch.fft.rfft's own output (view_as_real).
+// k is real, so K[f] = conj(K[L - f]) above L / 2; each block copies a head's L / 2 + 1 values
+// to shared memory and arranges them in the order of its own products there.
 
 struct ForwardParams {
     // u, pregate, postgate: (batch, heads, seqlen) in the element type, last dim contiguous, the
@@ -52,7 +50,8 @@ struct ForwardParams {
     int64_t pre_stride_b, pre_stride_h;
     const void* postgate;
     int64_t post_stride_b, post_stride_h;
-    const float* spectrum;  // (heads, fft_size, 2) in the layout above
+    const float* spectrum;  // (heads, fft_size / 2 + 1, 2), 8-byte aligned
+    bool conjugate;         // multiply by conj(K): y[n] = sum_{m >= n} k[m - n] u[m] (pre/post-gated)
     void* y;                // (batch, heads, seqlen), same rules as u
     int64_t y_stride_b, y_stride_h;
 
@@ -63,13 +62,30 @@ struct ForwardParams {
     int multiprocessors;  // of the current device (sizes the grid)
 };
 
-// mma.sync + cp.async kernels (sm_80 and newer). Returns the launch error, if any
+struct FilterGradParams {
+    // dy, u: (batch, heads, seqlen), the rules of ForwardParams::u.
+    const void* dy;
+    int64_t dy_stride_b, dy_stride_h;
+    const void* u;
+    int64_t u_stride_b, u_stride_h;
+    float* grad;  // (heads, seqlen) contiguous, zero on entry: the kernels add into it
+
+    int batch, heads;
+    int seqlen;    // as ForwardParams
+    int fft_size;
+    ElementType dtype;
+    int multiprocessors;
+};
+
+// mma.sync + cp.async kernels (sm_80 and newer). Return the launch error, if any
 // (cudaErrorInvalidValue for an fft_size without a kernel).
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream);
+cudaError_t fftconv_filter_grad_sm80(const FilterGradParams& params, cudaStream_t stream);
 
-// Dynamic shared memory (bytes) fftconv_fwd_sm80's kernel for fft_size needs per block, with or
-// without a pregate; 0 for an fft_size without a kernel. More than a device's opt-in limit
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin) means the kernel cannot run there.
+// Dynamic shared memory (bytes) per block of the forward kernel for fft_size, with or without a
+// pregate, and of the filter-gradient kernel; 0 for an fft_size without a kernel. More than a
+// device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) means the kernel cannot run there.
 int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
+int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
 
 }  // namespace tk::fftconv

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _scaffold
-from . import plan, reference
+from . import blocks, plan, reference
 from .checks import check_arguments
 from .ops import FORWARD, SPECTRUM, fftconv_op
 from .plan import FFTConvPlan
@@ -37,10 +37,12 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
 
     Runs our tensor-core kernel (sm_80 or newer GPUs, Hopper included) for bfloat16/float16 u
     with N up to the longest kernel (see thunderkittens.explain_fftconv), zero-padding N up to
-    the next kernel length inside the op; float32/float64 u, longer N and CPU tensors are
+    the next kernel length inside the op, and longer N up to 4 times that as blocks of the
+    longest kernel (several kernel calls); float32/float64 u, longer N and CPU tensors are
     computed with torch.fft in float32 (float64 for float64). Gradients of u, k and both gates
-    flow on both paths: on the kernel path the gradient of u runs on the kernel (a correlation
-    is a convolution backwards in time), the filter's gradient on torch.fft.
+    flow on both paths: on the kernel path all of them run on the tensor-core kernels (the
+    gradient of u is the correlation with k, the forward kernel with the conjugate spectrum; the
+    filter's is a correlation summed over the batch, a kernel of its own).
     """
     check_arguments(u, k, pregate, postgate)
     family, fft_size, reason = plan.decide(u, k, pregate, postgate)
@@ -49,7 +51,11 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
         return reference.causal_conv(u, k, pregate, postgate)
     n = u.shape[-1]
     length = _padded_length(n)
-    y = fftconv_op(_padded(u, length), k, _padded(pregate, length), _padded(postgate, length), fft_size)
+    u, pregate, postgate = (_padded(t, length) for t in (u, pregate, postgate))
+    if plan.block_count(length) > 1:
+        y = blocks.block_conv(u, k, pregate, postgate, plan.KERNEL_LENGTHS)
+    else:
+        y = fftconv_op(u, k, pregate, postgate, fft_size)
     return y[..., :n] if length != n else y
 
 
@@ -96,7 +102,7 @@ class FFTConv(torch.nn.Module):
         if needs_grad or torch.compiler.is_compiling():
             return fftconv(u, k, pregate, postgate)
         family, fft_size, reason = plan.decide(u, k, pregate, postgate)
-        if family is None:
+        if family is None or plan.block_count(u.shape[-1]) > 1:  # no spectrum of its own to keep
             return fftconv(u, k, pregate, postgate)
         key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None

@@ -3,7 +3,8 @@ and the FFTConvPlan that explain_fftconv() returns.
 
 The kernels take u in bfloat16/float16 of length N up to the largest kernel size (the causal
 FFT has twice that length), zero-padding N up to the next kernel size (a causal convolution's
-first N outputs do not see the padding). Every decision reads only shapes, dtypes, devices and
+first N outputs do not see the padding); longer N, up to MAX_LENGTH, as blocks of the largest
+kernel size (blocks.py). Every decision reads only shapes, dtypes, devices and
 configuration, never tensor data (see _scaffold).
 """
 
@@ -26,6 +27,11 @@ BY_NAME = _scaffold.register_families(*FAMILIES)
 KERNEL_LENGTHS = tuple(sorted(size // 2 for size in FFTCONV_SHARED_BYTES))
 #: The kernels read and write u in 16-byte pieces: its length is padded to a multiple of 8.
 LENGTH_MULTIPLE = 8
+#: Longer sequences are blocks of the longest kernel length (blocks.py), up to this many: P
+#: blocks cost P^2 kernel calls.
+MAX_BLOCKS = 4
+#: The longest N on the kernels.
+MAX_LENGTH = KERNEL_LENGTHS[-1] * MAX_BLOCKS if KERNEL_LENGTHS else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,19 +44,28 @@ class FFTConvPlan(Plan):
     length: int
     fft_size: int | None            # the kernel's FFT length (twice its kernel length)
     gates: str                      # "", "pregate", "postgate" or "pregate+postgate"
+    blocks: int = 1                 # > 1: blocks of the longest kernel length (blocks.py)
 
     def details(self) -> list[str]:
         parts = [f"n={self.length}", f"fft={self.fft_size}"]
+        if self.blocks > 1:
+            parts.append(f"blocks={self.blocks}")
         if self.gates:
             parts.append(self.gates)
         return parts
 
 
 def kernel_length(length: int) -> int | None:
+    """The kernel length a sequence of `length` runs on (its blocks' for long ones), or None."""
     for size in KERNEL_LENGTHS:
         if size >= length:
             return size
-    return None
+    return KERNEL_LENGTHS[-1] if length <= MAX_LENGTH else None
+
+
+def block_count(length: int) -> int:
+    """How many blocks of the longest kernel length a sequence of `length` is computed as."""
+    return 1 if length <= KERNEL_LENGTHS[-1] else -(-length // KERNEL_LENGTHS[-1])
 
 
 @torch.compiler.assume_constant_result
@@ -69,8 +84,8 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
         return None, None, reason
     length = kernel_length(u.shape[-1])
     if length is None:
-        return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, "
-                            f"{KERNEL_LENGTHS[-1]}")
+        return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, {MAX_LENGTH} "
+                            f"({MAX_BLOCKS} blocks of {KERNEL_LENGTHS[-1]})")
     fft_size = 2 * length
     needed = FFTCONV_SHARED_BYTES[fft_size][0 if pregate is None else 1]
     available = _shared_memory_optin(u.device.index)
@@ -81,6 +96,12 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
     return family, fft_size, None
 
 
+def filter_grad_fits(u, fft_size: int) -> bool:
+    """Whether u's GPU gives a block the shared memory of the filter-gradient kernel for fft_size
+    (the backward computes the filter's gradient with torch.fft where it does not)."""
+    return FFTCONV_SHARED_BYTES[fft_size][2] <= _shared_memory_optin(u.device.index)
+
+
 def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
     family, fft_size, reason = decide(u, k, pregate, postgate)
     gates = "+".join(name for name, gate in (("pregate", pregate), ("postgate", postgate)) if gate is not None)
@@ -89,4 +110,5 @@ def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
                        kernel_description=family.description if family else None,
                        op=f"tk.{family.op_name}" if family else None, dtype=u.dtype,
                        copies=copies if family else (), strict=_config.strict_enabled(),
-                       length=int(u.shape[-1]), fft_size=fft_size, gates=gates)
+                       length=int(u.shape[-1]), fft_size=fft_size, gates=gates,
+                       blocks=block_count(int(u.shape[-1])) if family else 1)

@@ -1,0 +1,43 @@
+// The kernel configuration for each FFT length, shared by the forward and the filter-gradient
+// launches (and their shared-memory sizes).
+#pragma once
+#include "fftconv/three_factor.cuh"
+#include "fftconv/two_factor.cuh"
+
+namespace tk::fftconv {
+namespace {
+
+// f(config) for fft_size's configuration (a TwoFactor or ThreeFactor type); fft_size must be
+// one decomposition() knows.
+template <typename T, typename F>
+auto with_config(int fft_size, F&& f) {
+    switch (fft_size) {
+        case 512: return f(TwoFactor<T, 32, 16, 1>{});
+        case 1024: return f(TwoFactor<T, 32, 32, 2>{});
+        case 2048: return f(TwoFactor<T, 64, 32, 4>{});
+        case 4096: return f(ThreeFactor<T, 16>{});
+        default: return f(ThreeFactor<T, 32>{});
+    }
+}
+
+// The filter gradient's: as the forward's, but 8 warps per block at L = 8192, where 16 warps'
+// 128 registers each cannot hold the accumulated spectrum without spilling.
+template <typename T, typename F>
+auto with_filter_grad_config(int fft_size, F&& f) {
+    switch (fft_size) {
+        case 512: return f(TwoFactor<T, 32, 16, 1>{});
+        case 1024: return f(TwoFactor<T, 32, 32, 2>{});
+        case 2048: return f(TwoFactor<T, 64, 32, 4>{});
+        case 4096: return f(ThreeFactor<T, 16>{});
+        default: return f(ThreeFactor<T, 32, 8>{});
+    }
+}
+
+template <typename C>
+constexpr bool matches_decomposition() {
+    constexpr Decomposition d = decomposition(C::L);
+    return d.r == C::R && d.p == C::P && d.q == C::Q;
+}
+
+}  // namespace
+}  // namespace tk::fftconv

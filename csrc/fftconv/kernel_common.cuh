@@ -1,0 +1,240 @@
+// What the FFT convolution kernels share: their arguments, the split of (head, pair of batches)
+// tasks over persistent blocks, shared-memory carving, the filter spectrum's loads and the
+// postgate, and the launch.
+#pragma once
+#include "fftconv/complex_tiles.cuh"
+#include "fftconv/params.h"
+
+namespace tk::fftconv {
+namespace {
+
+template <typename P>
+struct Pair {
+    P* seq[2];
+};
+
+template <typename T>
+struct Args {
+    const T* u;
+    int64_t u_stride_b, u_stride_h;
+    const T* pregate;
+    int64_t pre_stride_b, pre_stride_h;
+    const T* postgate;
+    int64_t post_stride_b, post_stride_h;
+    T* y;
+    int64_t y_stride_b, y_stride_h;
+    const float2* spectrum;  // (heads, L / 2 + 1): rfft(k, L)
+    bool conjugate;
+    const T* dy;             // filter gradient: the output's gradient, (batch, heads, seqlen)
+    int64_t dy_stride_b, dy_stride_h;
+    float* grad;             // filter gradient: (heads, seqlen), added into
+    int batch, heads, seqlen;
+    int pairs;           // per head: ceil(batch / 2)
+    int tasks;           // heads * pairs; task t = (head t / pairs, pair t % pairs)
+    int tasks_per_block; // block b runs tasks [b * tasks_per_block, ...) in order
+
+    // The sequences (2 pair, h) and (2 pair + 1, h) of a tensor, the second nullptr past the
+    // last batch (the odd one out of a pair).
+    template <typename P>
+    __device__ __forceinline__ Pair<P> pair_of(P* base, int64_t stride_b, int64_t stride_h, int pair, int h) const {
+        if (base == nullptr) return {{nullptr, nullptr}};  // no such tensor (a gate not given)
+        P* first = base + (int64_t(2 * pair) * stride_b + int64_t(h) * stride_h);
+        return {{first, 2 * pair + 1 < batch ? first + stride_b : nullptr}};
+    }
+};
+
+// The block's tasks [first, last): consecutive pairs of a head, then of the next head. A block
+// sets up its DFT matrices and twiddles once and keeps them for all of them.
+struct Tasks {
+    int first, last;
+};
+template <typename T>
+__device__ __forceinline__ Tasks tasks_of(const Args<T>& a) {
+    const int first = blockIdx.x * a.tasks_per_block;
+    return {first, min(first + a.tasks_per_block, a.tasks)};
+}
+
+// Carves the dynamic shared memory into 1024-byte aligned objects. Offsets are added to the
+// __shared__ array itself, never through an integer, so the compiler sees that every pointer
+// into it is a shared-memory one and emits shared loads and stores (LDS/STS) for them rather
+// than generic ones.
+struct shared_carver {
+    char* next;
+    __device__ explicit shared_carver(char* base)
+        : next(base + ((1024u - (kt::shared_address(base) & 1023u)) & 1023u)) {}
+    template <typename S>
+    __device__ S& allocate() {
+        S* p = reinterpret_cast<S*>(next);
+        next += (sizeof(S) + 1023) & ~size_t(1023);
+        return *p;
+    }
+};
+
+// ---- the filter's spectrum ------------------------------------------------------------------
+
+// cp.async of spectrum[h] (K[0 .. L/2], L/2 + 1 complex; 8-byte aligned only: each row is
+// (L/2 + 1) * 8 bytes) into `slot`.
+template <int THREADS, int L, typename T>
+__device__ __forceinline__ void load_spectrum_async(float2* slot, const Args<T>& a, int h, int thread) {
+    const float2* src = a.spectrum + int64_t(h) * (L / 2 + 1);
+#pragma unroll
+    for (int i = 0; i < (L / 2 + THREADS) / THREADS; i++) {
+        const int c = thread + i * THREADS;
+        if (c <= L / 2)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(kt::shared_address(slot + c)), "l"(src + c)
+                         : "memory");
+    }
+}
+
+// K[f] for 0 <= f < L (conj(K[f]) when `conjugate`) from K[0 .. L/2] of a real filter.
+template <int L>
+__device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool conjugate) {
+    const bool upper = f > L / 2;
+    float2 v = half[upper ? L - f : f];
+    if (upper != conjugate) v.y = -v.y;
+    return v;
+}
+
+// ---- gates ------------------------------------------------------------------------------------
+
+// acc *= postgate at the tile's elements: element (row, col) of `acc` is sequence element
+// element_of(row, col) of batches b0 (re) and b1 (im); elements at or past seqlen are left.
+template <typename T, typename RT, typename Element>
+__device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* gate0, const T* gate1, int seqlen,
+                                               Element&& element_of) {
+    using P = typename kt::packed_of<T>::type;
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, 0), j * kt::TILE_DIM + RT::col_in_base(k, 0));
+        if (n >= seqlen) return;
+        const float2 g0 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate0 + n)));
+        re.x *= g0.x;
+        re.y *= g0.y;
+        if (gate1 != nullptr) {
+            float2& im = acc.im.tiles[i][j].data[k];
+            const float2 g1 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate1 + n)));
+            im.x *= g1.x;
+            im.y *= g1.y;
+        }
+    });
+}
+
+// ---- the filter gradient's accumulated spectrum ------------------------------------------------
+
+// s += d * conj(u), element-wise on fp32 complex tiles.
+template <typename RT>
+__device__ __forceinline__ void cmac_conj(complex_tile<RT>& s, const complex_tile<RT>& d, const complex_tile<RT>& u) {
+    kt::for_each_pair(s.re, [&](int i, int j, int k, float2& sr) {
+        float2& si = s.im.tiles[i][j].data[k];
+        const float2 dr = d.re.tiles[i][j].data[k], di = d.im.tiles[i][j].data[k];
+        const float2 ur = u.re.tiles[i][j].data[k], ui = u.im.tiles[i][j].data[k];
+        sr.x = fmaf(dr.x, ur.x, fmaf(di.x, ui.x, sr.x));
+        sr.y = fmaf(dr.y, ur.y, fmaf(di.y, ui.y, sr.y));
+        si.x = fmaf(di.x, ur.x, fmaf(-dr.x, ui.x, si.x));
+        si.y = fmaf(di.y, ur.y, fmaf(-dr.y, ui.y, si.y));
+    });
+}
+
+// The largest |re| or |im| over the tiles.
+template <typename RT>
+__device__ __forceinline__ float max_abs(const complex_tile<RT>& t, float m) {
+    kt::for_each_pair(t.re, [&](int i, int j, int k, const float2& r) {
+        const float2 im = t.im.tiles[i][j].data[k];
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(r.x), fabsf(r.y)), fmaxf(fabsf(im.x), fabsf(im.y))));
+    });
+    return m;
+}
+
+// A power of two that brings the block's largest spectrum value m into [32, 64): the
+// accumulated spectrum becomes a 16-bit mma operand for the inverse transform, and fp16 has
+// little range (a small gradient times a small input would lose its digits to subnormals).
+// Every thread passes its own m; `scratch` holds one float per warp. Two barriers.
+template <int WARPS>
+__device__ __forceinline__ float block_scale(float m, float* scratch) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    if (kt::lane_id() == 0) scratch[kt::warp_id()] = m;
+    __syncthreads();
+    m = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) m = fmaxf(m, scratch[w]);
+    if (!(m > 0.f) || !isfinite(m)) return 1.f;
+    int e;
+    frexpf(m, &e);  // m = f * 2^e, f in [0.5, 1)
+    return ldexpf(1.f, 6 - min(max(e, -100), 120));
+}
+
+// scale * t, element-wise, into the 16-bit tiles d.
+template <typename D, typename RT>
+__device__ __forceinline__ void scaled_copy(complex_tile<D>& d, const complex_tile<RT>& t, float scale) {
+    kt::for_each_pair(t.re, [&](int i, int j, int k, const float2& r) {
+        const float2 im = t.im.tiles[i][j].data[k];
+        d.re.tiles[i][j].data[k] = kt::convert_pair<typename D::dtype, float>(make_float2(r.x * scale, r.y * scale));
+        d.im.tiles[i][j].data[k] = kt::convert_pair<typename D::dtype, float>(make_float2(im.x * scale, im.y * scale));
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+// ---------------------------------------------------------------------------------------------
+
+// Dynamic shared memory one block may have on sm_90 (A100: 163 KB, sm_86/89: 99 KB; the op
+// checks the device's own limit).
+constexpr int kMaxSharedBytes = 227 * 1024;
+
+template <typename T>
+Args<T> forward_args(const ForwardParams& p) {
+    Args<T> a{};
+    a.u = static_cast<const T*>(p.u);
+    a.u_stride_b = p.u_stride_b, a.u_stride_h = p.u_stride_h;
+    a.pregate = static_cast<const T*>(p.pregate);
+    a.pre_stride_b = p.pre_stride_b, a.pre_stride_h = p.pre_stride_h;
+    a.postgate = static_cast<const T*>(p.postgate);
+    a.post_stride_b = p.post_stride_b, a.post_stride_h = p.post_stride_h;
+    a.y = static_cast<T*>(p.y);
+    a.y_stride_b = p.y_stride_b, a.y_stride_h = p.y_stride_h;
+    a.spectrum = reinterpret_cast<const float2*>(p.spectrum);
+    a.conjugate = p.conjugate;
+    a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
+    a.pairs = (p.batch + 1) / 2;
+    return a;
+}
+
+template <typename T>
+Args<T> filter_grad_args(const FilterGradParams& p) {
+    Args<T> a{};
+    a.u = static_cast<const T*>(p.u);
+    a.u_stride_b = p.u_stride_b, a.u_stride_h = p.u_stride_h;
+    a.dy = static_cast<const T*>(p.dy);
+    a.dy_stride_b = p.dy_stride_b, a.dy_stride_h = p.dy_stride_h;
+    a.grad = p.grad;
+    a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
+    a.pairs = (p.batch + 1) / 2;
+    return a;
+}
+
+// One wave of persistent blocks, each running an equal share of the tasks in order: a block's
+// setup (DFT matrices and twiddles from sincospif) costs about as much as a few tasks, so it is
+// paid once per block. whole_heads: a block's share is rounded up to whole heads where there
+// are at least as many tasks per block as a head has (the filter gradient then sums each head
+// in one block, in a fixed order).
+template <typename T, typename Kernel>
+cudaError_t launch(Kernel kernel, int threads, int smem, Args<T> a, int multiprocessors, bool whole_heads,
+                   cudaStream_t stream) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    int blocks_per_sm = 0;
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
+    const int64_t tasks = int64_t(a.heads) * a.pairs;
+    if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    a.tasks = int(tasks);
+    const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (multiprocessors > 0 ? multiprocessors : 1);
+    const int64_t blocks_wanted = tasks < resident ? tasks : resident;
+    int64_t per_block = (tasks + blocks_wanted - 1) / blocks_wanted;
+    if (whole_heads && per_block >= a.pairs) per_block = (per_block + a.pairs - 1) / a.pairs * a.pairs;
+    a.tasks_per_block = int(per_block);
+    const int blocks = int((tasks + per_block - 1) / per_block);
+    kernel<<<unsigned(blocks), threads, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace tk::fftconv

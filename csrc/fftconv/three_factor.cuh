@@ -1,0 +1,540 @@
+// Three factors: L = R x 16 x 16 (L = 4096, 8192), x[r, p, q] = x[q + 16 p + 256 r], frequency
+// k = k_r + R k_p + 16 R k_q.
+//
+//   F1  Y[k_r, p, q] = sum_r F_R[k_r, r] x[r, p, q]        (r < R/2: u is zero past N)
+//   T1  Y *= w_L^(k_r (q + 16 p))
+//   F2  Z[k_r, k_p, q] = sum_p F_16[k_p, p] Y[k_r, p, q]
+//   T2  Z *= w_256^(k_p q)
+//   F3  W[k_r, k_p, k_q] = sum_q Z[k_r, k_p, q] F_16[q, k_q] = fft(x)[k]
+//   and back: G3, T2*, G2, T1*, G1 (rows r < R/2 only).
+//
+// A block of WARPS warps runs a pair of sequences in three phases with the data in shared
+// memory between them: phase 1 (F1, T1) and phase 3 (G1) split the columns p over the warps,
+// phase 2 (the 16 x 16 FFTs of each k_r, the product, and back) splits k_r.
+#pragma once
+#include "fftconv/kernel_common.cuh"
+
+namespace tk::fftconv {
+namespace {
+
+// The spectrum-side data of one pair between the phases: R tiles of 16 x 16 16-bit values,
+// tile k_r holding [p or k_p][q or k_q]. Swizzled so that each access pattern of the kernel
+// hits 8 distinct 16-byte bank groups per 8 rows: 8 consecutive k_r at one (p, 8 columns)
+// (F1's stores, G1's ldmatrix) and 8 consecutive p at one (k_r, 8 columns) (the per-k_r steps).
+template <typename T, int R>
+struct alignas(1024) frequency_tiles {
+    static_assert(sizeof(T) == 2);
+    T data[R * 256];
+    __host__ __device__ static constexpr uint32_t offset(int kr, int p, int q) {
+        return uint32_t(kr) * 512 + uint32_t(p ^ (kr & 3)) * 32 +
+               (uint32_t((q >> 3) ^ ((p >> 2) & 1) ^ ((kr >> 2) & 1)) << 4) + uint32_t(q & 7) * 2;
+    }
+    // Shared address of the buffer, computed anew where called (in the task loop): hoisted out
+    // of it, the compiler keeps dozens of per-lane addresses live across the loop and spills.
+    __device__ uint32_t base() const {
+        uint32_t address = kt::shared_address(data);
+        asm volatile("" : "+r"(address));
+        return address;
+    }
+};
+
+template <typename T, int R_, int WARPS_ = 16>
+struct ThreeFactor {
+    using dtype = T;
+    static constexpr bool THREE_FACTORS = true;
+    static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
+    static constexpr int WARPS = WARPS_, THREADS = WARPS * kt::WARP_THREADS;
+    static_assert(P % WARPS == 0 && R % WARPS == 0);
+    static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;  // F1's K, padded to 16
+    static constexpr int KR_PER_WARP = R / WARPS;  // phase 2: warp w owns k_r = w + WARPS j
+    static constexpr int P_PER_WARP = P / WARPS;   // phases 1 and 3: warp w owns p = w + WARPS j
+    // The next pair's input lands during the three phases of the current one.
+    static constexpr int STAGES = 2;
+    using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
+    using buffer = frequency_tiles<T, R>;
+    using sub16 = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM>;
+    using sub16_b = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>;
+    using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
+    using column_acc = kt::rt_fl<XR, kt::TILE_DIM>;  // phase 3's output: rows r, 16 columns q
+
+    struct Tables {                      // once per block
+        kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
+        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
+        float4 twiddle_rows[R * Q / 2];  // the same, row-major [k_r][q]
+        float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
+        float2 twiddle_p[R * P];         // w_L^(Q k_r p), row-major [k_r][p]
+    };
+    // Forward convolution.
+    struct Stage {
+        seq_tile x[2];  // batch 2i (re), 2i + 1 (im); y staged here after F1
+    };
+    using PreStages = seq_tile[STAGES][2];  // their pregates: allocated after Shared, only with one
+    struct Shared {
+        Stage stage[STAGES];
+        buffer buf[2];                // re, im
+        float4 spectrum[R * PQ / 2];  // the filter's (two complex per float4), in phase 2's fragment order
+        Tables tab;
+    };
+    // Filter gradient.
+    struct GradStage {
+        seq_tile x[2], d[2];  // the pair's u (re, im) and dy (re, im)
+    };
+    struct GradShared {
+        GradStage stage[STAGES];
+        buffer bu[2], bd[2];  // u's and dy's spectra (re, im)
+        Tables tab;
+        float scratch[WARPS];
+    };
+    static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
+    static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
+};
+
+template <typename C>
+__device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread) {
+    using T = typename C::dtype;
+    constexpr int R = C::R, Q = C::Q, L = C::L, PQ = C::PQ, XR = C::XR, HALF = C::HALF;
+    // Twiddles w_L^(k_r q): in the fragment order of F1's accumulator (R x 16, row layout:
+    // float4 (i * 4 + k) * 32 + lane holds its register k of base tile i) and row-major.
+    for (int e = thread; e < R * Q / 2; e += C::THREADS) {
+        const int l = e % 32, k = (e / 32) % 4, i = e / 128;
+        const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
+        const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
+        tab.twiddle_frag[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
+        const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
+        const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
+        tab.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+        if (e < PQ / 2) {
+            const float2 u0 = unit_root(row * col, PQ), u1 = unit_root(row * (col + 1), PQ);
+            tab.twiddle2[e] = make_float4(u0.x, u0.y, u1.x, u1.y);
+        }
+    }
+    // F1's A operand (and, transposed and conjugated, G1's), and the p part of T1.
+    const float r_scale = rsqrtf(float(R));
+    for (int e = thread; e < R * XR; e += C::THREADS) {
+        const int row = e / XR, col = e % XR;
+        const float2 w = unit_root(row * col, R);
+        *tab.fr[0].ptr(row, col) = kt::convert<T>(col < HALF ? w.x * r_scale : 0.f);
+        *tab.fr[1].ptr(row, col) = kt::convert<T>(col < HALF ? w.y * r_scale : 0.f);
+    }
+    for (int e = thread; e < R * C::P; e += C::THREADS) tab.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
+}
+
+// R = 16: rows R/2 .. 15 of an input tile are F1's zero padding (K = 8 padded to 16); no load
+// touches them, and the output staging writes zeros there.
+template <typename C>
+__device__ __forceinline__ void zero_padding_rows(typename C::seq_tile& tile, int thread) {
+    if constexpr (C::XR > C::HALF) {
+        constexpr int chunks = (C::XR - C::HALF) * C::PQ * int(sizeof(typename C::dtype)) / 16;
+        for (int c = thread; c < chunks; c += C::THREADS) {
+            const int e = (c % chunks) * 8;
+            *reinterpret_cast<uint4*>(tile.ptr(C::HALF + e / C::PQ, e % C::PQ)) = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// F_16 / 4 as an A operand (F2, G2) and, being symmetric, the same registers renamed as a
+// B operand (F3, G3).
+template <typename C>
+struct F16 {
+    complex_tile<typename C::sub16> a;
+    complex_tile<typename C::sub16_b> b;
+    __device__ __forceinline__ F16() {
+        fill_complex(a, [&](int row, int col) {
+            const float2 w = unit_root(row * col, 16);
+            return make_float2(w.x * 0.25f, w.y * 0.25f);
+        });
+        kt::transpose_sep(b.re, a.re);
+        kt::transpose_sep(b.im, a.im);
+    }
+};
+
+// Phase 1 for columns (p, *): F1 and T1 of the pair's sequence x (re, im) into buf.
+template <typename C>
+__device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_tile (&x)[2],
+                                       typename C::buffer (&buf)[2], int p) {
+    using T = typename C::dtype;
+    constexpr int R = C::R, XR = C::XR;
+    const int lane = kt::lane_id();
+    complex_tile<kt::rt<T, XR, kt::TILE_DIM, kt::col_l>> xb;
+    kt::rt<T, XR, kt::TILE_DIM, kt::col_l> x_neg;
+    kt::load(xb.re, kt::subtile<XR, kt::TILE_DIM>(x[0], 0, p));
+    kt::load(xb.im, kt::subtile<XR, kt::TILE_DIM>(x[1], 0, p));
+    negate(x_neg, xb.im);
+    complex_tile<kt::rt<T, R, XR>> a1;
+    kt::load(a1.re, tab.fr[0]);
+    kt::load(a1.im, tab.fr[1]);
+    complex_tile<kt::rt_fl<R, kt::TILE_DIM>> acc;
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma(acc, a1, xb, x_neg);
+    // T1 = w_L^(k_r q) w_L^(16 k_r p): the first from the fragment-order table, the second one
+    // value per row (this p).
+    kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
+        float2& im = acc.im.tiles[ti][0].data[k];
+        const float2 c = tab.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + p];
+        const float4 v = tab.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
+        const float2 w0 = make_float2(v.x * c.x - v.y * c.y, v.x * c.y + v.y * c.x);
+        const float2 w1 = make_float2(v.z * c.x - v.w * c.y, v.z * c.y + v.w * c.x);
+        const float2 r0 = re, i0 = im;
+        re = make_float2(fmaf(r0.x, w0.x, -i0.x * w0.y), fmaf(r0.y, w1.x, -i0.y * w1.y));
+        im = make_float2(fmaf(r0.x, w0.y, i0.x * w0.x), fmaf(r0.y, w1.y, i0.y * w1.x));
+    });
+    const uint32_t re = buf[0].base(), im = buf[1].base();
+    store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
+    store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
+}
+
+// Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
+// F2, T2, F3.
+template <typename C>
+__device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& acc, const F16<C>& f16,
+                                             typename C::Tables& tab, typename C::buffer (&buf)[2], int kr) {
+    using sub16 = typename C::sub16;
+    using sub16_b = typename C::sub16_b;
+    const uint32_t re = buf[0].base(), im = buf[1].base();
+    complex_tile<sub16_b> yb;
+    sub16_b yb_neg;
+    load_from(yb.re, [&](int row, int col) { return re + C::buffer::offset(kr, row, col); });
+    load_from(yb.im, [&](int row, int col) { return im + C::buffer::offset(kr, row, col); });
+    negate(yb_neg, yb.im);
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma(acc, f16.a, yb, yb_neg);     // F2: rows k_p, cols q
+    cmul_fragments(acc, tab.twiddle2);  // T2
+    complex_tile<sub16> z;
+    sub16 z_neg;
+    kt::copy(z.re, acc.re);
+    kt::copy(z.im, acc.im);
+    negate(z_neg, z.im);
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma_neg_a(acc, z, z_neg, f16.b);  // F3: rows k_p, cols k_q
+}
+
+// Phase 2, inverse: the spectrum tile z (16-bit) back into tile k_r of buf: G3, T2*, G2, T1*.
+// The tile is overwritten in place: the caller's warp read it (tile_forward) in this phase.
+template <typename C>
+__device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub16>& z, const F16<C>& f16,
+                                             typename C::Tables& tab, typename C::buffer (&buf)[2], int kr) {
+    using T = typename C::dtype;
+    using sub16 = typename C::sub16;
+    using sub16_b = typename C::sub16_b;
+    using acc16 = typename C::acc16;
+    constexpr int Q = C::Q;
+    sub16 z_neg;
+    negate(z_neg, z.re);
+    complex_tile<acc16> acc;
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma_conj_b(acc, z, z_neg, f16.b);  // G3: rows k_p, cols q
+    cmul_fragments<true>(acc, tab.twiddle2);  // T2*
+    complex_tile<sub16> v;
+    kt::copy(v.re, acc.re);
+    kt::copy(v.im, acc.im);
+    complex_tile<sub16_b> vb;  // G2 sums over k_p: the rows, so a B operand
+    sub16_b vb_neg;
+    kt::swap_layout(vb.re, v.re);
+    kt::swap_layout(vb.im, v.im);
+    negate(vb_neg, vb.re);
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
+    kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
+        float2& im = acc.im.tiles[0][0].data[k];
+        const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
+        const float2 c = tab.twiddle_p[kr * C::P + row];
+        const float4 w = tab.twiddle_rows[kr * (Q / 2) + col / 2];
+        const float2 w0 = make_float2(w.x * c.x - w.y * c.y, w.x * c.y + w.y * c.x);
+        const float2 w1 = make_float2(w.z * c.x - w.w * c.y, w.z * c.y + w.w * c.x);
+        const float2 r0 = re, i0 = im;
+        re = make_float2(fmaf(r0.x, w0.x, i0.x * w0.y), fmaf(r0.y, w1.x, i0.y * w1.y));
+        im = make_float2(fmaf(i0.x, w0.x, -r0.x * w0.y), fmaf(i0.y, w1.x, -r0.y * w1.y));
+    });
+    // Each lane stores into rows that other lanes' ldmatrix read in tile_forward, so those
+    // reads must be done first (a write-after-read within the warp).
+    __syncwarp();
+    const uint32_t re = buf[0].base(), im = buf[1].base();
+    store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(kr, row, col); });
+    store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(kr, row, col); });
+}
+
+// Phase 3 for columns (p, *): acc[r, q] = sum_k_r conj(F_R[r, k_r]) buf[k_r, p, q] / sqrt(R)
+// for r < XR (rows r >= R/2 are exact zeros: g1's are).
+template <typename C>
+__device__ __forceinline__ void phase3(complex_tile<typename C::column_acc>& acc, typename C::Tables& tab,
+                                       typename C::buffer (&buf)[2], int p) {
+    using T = typename C::dtype;
+    constexpr int R = C::R, XR = C::XR;
+    complex_tile<kt::rt<T, R, kt::TILE_DIM, kt::col_l>> ub;
+    kt::rt<T, R, kt::TILE_DIM, kt::col_l> ub_neg;
+    const uint32_t re = buf[0].base(), im = buf[1].base();
+    load_from(ub.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
+    load_from(ub.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
+    negate(ub_neg, ub.re);
+    complex_tile<kt::rt<T, R, XR, kt::col_l>> g1;  // K = k_r, M = r
+    kt::load(g1.re, tab.fr[0]);
+    kt::load(g1.im, tab.fr[1]);
+    kt::zero(acc.re);
+    kt::zero(acc.im);
+    cmma_conj_a(acc, g1, ub, ub_neg);
+}
+
+// The frequency at complex position c of the spectrum in phase 2's order: tile k_r at 256 k_r,
+// inside it the fragment order of a 16 x 16 row-layout tile (rows k_p, cols k_q), element
+// (8 rh + rl, 8 ch + 2 cm + e) at ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e, so cmul_fragments
+// reads a tile as 16-byte chunks, 512 contiguous bytes per warp access.
+template <typename C>
+__host__ __device__ constexpr int spectrum_frequency(int c) {
+    const int kr = c >> 8, e = c & 1, cm = (c >> 1) & 3, rl = (c >> 3) & 7, rh = (c >> 6) & 1, ch = (c >> 7) & 1;
+    return kr + C::R * (8 * rh + rl) + C::R * C::P * (8 * ch + 2 * cm + e);
+}
+
+// Every frequency has exactly one position (checked at compile time for each configuration).
+template <typename C>
+constexpr bool spectrum_order_is_a_permutation() {
+    bool seen[C::L] = {};
+    for (int c = 0; c < C::L; c++) {
+        const int f = spectrum_frequency<C>(c);
+        if (f < 0 || f >= C::L || seen[f]) return false;
+        seen[f] = true;
+    }
+    return true;
+}
+
+// cp.async of head h's spectrum into `slot` in phase 2's order, each K[f] copied from
+// K[min(f, L - f)]: the imaginary parts above L/2 need their signs flipped after it lands
+// (fix_spectrum_signs), which cp.async cannot do.
+template <typename C, typename T>
+__device__ __forceinline__ void gather_spectrum_async(float4* slot, const Args<T>& a, int h, int thread) {
+    constexpr int L = C::L;
+    float2* dst = reinterpret_cast<float2*>(slot);
+    const float2* src = a.spectrum + int64_t(h) * (L / 2 + 1);
+    static_assert(L % C::THREADS == 0);
+#pragma unroll
+    for (int i = 0; i < L / C::THREADS; i++) {
+        const int c = thread + i * C::THREADS;
+        const int f = spectrum_frequency<C>(c);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(kt::shared_address(dst + c)),
+                     "l"(src + (f > L / 2 ? L - f : f))
+                     : "memory");
+    }
+}
+
+// After this thread's gather_spectrum_async landed: K[f] = conj(K[L - f]) above L/2 (a real
+// filter), and conj(K) everywhere for the correlation.
+template <typename C>
+__device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate, int thread) {
+    float2* v = reinterpret_cast<float2*>(slot);
+#pragma unroll
+    for (int i = 0; i < C::L / C::THREADS; i++) {
+        const int c = thread + i * C::THREADS;
+        if ((spectrum_frequency<C>(c) > C::L / 2) != conjugate) v[c].y = -v[c].y;
+    }
+}
+
+template <typename T, int R, int WARPS>
+__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
+    three_factor_forward(const __grid_constant__ Args<T> a) {
+    using C = ThreeFactor<T, R, WARPS>;
+    static_assert(spectrum_order_is_a_permutation<C>());
+    constexpr int N = C::N, HALF = C::HALF, XR = C::XR, PQ = C::PQ, Q = C::Q;
+    constexpr int THREADS = C::THREADS;
+    extern __shared__ char smem[];
+    shared_carver carve(smem);
+    auto& s = carve.allocate<typename C::Shared>();
+    typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
+    const int warp = kt::warp_id(), thread = threadIdx.x;
+    const Tasks tasks = tasks_of(a);
+    if (tasks.first >= tasks.last) return;
+
+    auto issue_loads = [&](int t, int stage) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
+        auto& st = s.stage[stage];
+        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
+        for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
+        if (pre != nullptr) {
+            const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
+            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*pre)[stage][j], g.seq[j], a.seqlen, a.u, thread);
+        }
+    };
+    // Groups in flight are always [task t's input][the spectrum] or [task t's input]: the first
+    // head's spectrum follows the first task's input.
+    issue_loads(tasks.first, 0);
+    kt::cp_async_commit();
+    gather_spectrum_async<C>(s.spectrum, a, tasks.first / a.pairs, thread);
+    kt::cp_async_commit();
+    bool spectrum_pending = true;  // a gather in flight, its signs not fixed
+
+    for (int i = 0; i < C::STAGES; i++) {
+        zero_padding_rows<C>(s.stage[i].x[0], thread);
+        zero_padding_rows<C>(s.stage[i].x[1], thread);
+    }
+    init_tables<C>(s.tab, thread);
+    const F16<C> f16;
+    // The spectrum slot is read by phase 2 of every task of a head; the next head's spectrum
+    // loads into it after the last one's phase 2 and is waited for before the next phase 2.
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
+        auto& st = s.stage[i % C::STAGES];
+        if (spectrum_pending) kt::cp_async_wait<1>();  // the input; the spectrum may still land
+        else kt::cp_async_wait<0>();
+        if (pre != nullptr) {
+            apply_gate<THREADS, N>(st.x[0], (*pre)[i % C::STAGES][0], thread);
+            apply_gate<THREADS, N>(st.x[1], (*pre)[i % C::STAGES][1], thread);
+        }
+        __syncthreads();  // task t's input visible; every warp is done with task t - 1
+        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
+        kt::cp_async_commit();
+
+#pragma unroll
+        for (int j = 0; j < C::P_PER_WARP; j++) phase1<C>(s.tab, st.x, s.buf, warp + WARPS * j);
+        if (spectrum_pending) {  // groups: ..., the spectrum, task t + 1's input
+            kt::cp_async_wait<1>();
+            fix_spectrum_signs<C>(s.spectrum, a.conjugate, thread);
+            spectrum_pending = false;
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int j = 0; j < C::KR_PER_WARP; j++) {
+            const int kr = warp + WARPS * j;
+            complex_tile<typename C::acc16> acc;
+            tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+            cmul_fragments(acc, s.spectrum + kr * (PQ / 2));  // times the filter's spectrum
+            complex_tile<typename C::sub16> z;
+            kt::copy(z.re, acc.re);
+            kt::copy(z.im, acc.im);
+            tile_inverse<C>(z, f16, s.tab, s.buf, kr);
+        }
+        __syncthreads();
+        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
+            gather_spectrum_async<C>(s.spectrum, a, h + 1, thread);
+            kt::cp_async_commit();
+            spectrum_pending = true;
+        }
+
+        const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
+        const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);
+#pragma unroll
+        for (int jp = 0; jp < C::P_PER_WARP; jp++) {
+            const int p = warp + WARPS * jp;
+            complex_tile<typename C::column_acc> acc;
+            phase3<C>(acc, s.tab, s.buf, p);
+            if (a.postgate != nullptr)
+                apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen,
+                               [&](int row, int col) { return row * PQ + Q * p + col; });
+            // Staged in this stage's input tiles (free since F1) for 16-byte stores; rows >= R/2
+            // are exact zeros, which R = 16 needs in its padding rows.
+            kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[0], 0, p), acc.re);
+            kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[1], 0, p), acc.im);
+            __syncwarp();
+            for (int j = 0; j < 2; j++)
+                if (out.seq[j] != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out.seq[j], a.seqlen, st.x[j], 0, Q * p);
+        }
+    }
+    kt::cp_async_wait<0>();
+}
+
+// The filter's gradient (see two_factor_filter_grad): per head, S = sum over the pairs of
+// fft(dy pair) * conj(fft(u pair)) in fp32 registers (each warp its k_r tiles), then one
+// inverse transform whose real part is added into grad.
+template <typename T, int R, int WARPS>
+__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
+    three_factor_filter_grad(const __grid_constant__ Args<T> a) {
+    using C = ThreeFactor<T, R, WARPS>;
+    constexpr int L = C::L, N = C::N, HALF = C::HALF, PQ = C::PQ, Q = C::Q;
+    constexpr int THREADS = C::THREADS, KR_PER_WARP = C::KR_PER_WARP;
+    extern __shared__ char smem[];
+    shared_carver carve(smem);
+    auto& s = carve.allocate<typename C::GradShared>();
+    const int warp = kt::warp_id(), thread = threadIdx.x;
+    const Tasks tasks = tasks_of(a);
+    if (tasks.first >= tasks.last) return;
+
+    auto issue_loads = [&](int t, int stage) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
+        auto& st = s.stage[stage];
+        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
+        const Pair<const T> dy = a.pair_of(a.dy, a.dy_stride_b, a.dy_stride_h, pair, h);
+        for (int j = 0; j < 2; j++) {
+            load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
+            load_sequence_async<THREADS, N>(st.d[j], dy.seq[j], a.seqlen, a.u, thread);
+        }
+    };
+    issue_loads(tasks.first, 0);
+    kt::cp_async_commit();
+    for (int i = 0; i < C::STAGES; i++)
+        for (int j = 0; j < 2; j++) {
+            zero_padding_rows<C>(s.stage[i].x[j], thread);
+            zero_padding_rows<C>(s.stage[i].d[j], thread);
+        }
+    init_tables<C>(s.tab, thread);
+    const F16<C> f16;
+
+    complex_tile<typename C::acc16> sum[KR_PER_WARP];
+#pragma unroll
+    for (int j = 0; j < KR_PER_WARP; j++) {
+        kt::zero(sum[j].re);
+        kt::zero(sum[j].im);
+    }
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
+        const int h = t / a.pairs;
+        auto& st = s.stage[i % C::STAGES];
+        kt::cp_async_wait<0>();
+        __syncthreads();  // task t's input visible; every warp is done with task t - 1
+        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
+        kt::cp_async_commit();
+
+#pragma unroll
+        for (int j = 0; j < C::P_PER_WARP; j++) {
+            phase1<C>(s.tab, st.x, s.bu, warp + WARPS * j);
+            phase1<C>(s.tab, st.d, s.bd, warp + WARPS * j);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < KR_PER_WARP; j++) {
+            const int kr = warp + WARPS * j;
+            complex_tile<typename C::acc16> spectrum_u, spectrum_d;
+            tile_forward<C>(spectrum_u, f16, s.tab, s.bu, kr);
+            tile_forward<C>(spectrum_d, f16, s.tab, s.bd, kr);
+            cmac_conj(sum[j], spectrum_d, spectrum_u);
+        }
+        if (t + 1 < tasks.last && (t + 1) % a.pairs != 0) continue;
+
+        // The head's last task in this block: its share of the gradient. Uniform over the block.
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < KR_PER_WARP; j++) m = max_abs(sum[j], m);
+        const float scale = block_scale<WARPS>(m, s.scratch);
+#pragma unroll
+        for (int j = 0; j < KR_PER_WARP; j++) {
+            complex_tile<typename C::sub16> z;
+            scaled_copy(z, sum[j], scale);
+            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j);
+            kt::zero(sum[j].re);
+            kt::zero(sum[j].im);
+        }
+        __syncthreads();
+        const float out_scale = sqrtf(float(L)) / scale;  // see two_factor_filter_grad
+        float* grad = a.grad + int64_t(h) * a.seqlen;
+#pragma unroll
+        for (int jp = 0; jp < C::P_PER_WARP; jp++) {
+            const int p = warp + WARPS * jp;
+            complex_tile<typename C::column_acc> acc;
+            phase3<C>(acc, s.tab, s.bu, p);
+            kt::for_each_pair(acc.re, [&](int ti, int, int k, const float2& re) {
+                const int row = ti * kt::TILE_DIM + C::column_acc::row_in_base(k, 0);
+                const int n = row * PQ + Q * p + C::column_acc::col_in_base(k, 0);
+                if (row < HALF && n < a.seqlen) {  // seqlen is even: n + 1 too
+                    atomicAdd(grad + n, re.x * out_scale);
+                    atomicAdd(grad + n + 1, re.y * out_scale);
+                }
+            });
+        }
+    }
+    kt::cp_async_wait<0>();
+}
+
+}  // namespace
+}  // namespace tk::fftconv
