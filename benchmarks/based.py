@@ -12,9 +12,11 @@ published Based figures (docs/performance.md). Passes and columns:
   fp32 on fp32 copies of the inputs, up to N = QUADRATIC_MAX_N (its memory is quadratic).
   TFLOP/s by ThunderKittens' count, 2*B*N*H*E + 4*B*N*H*Dv*E with E = 273 features.
 - "fwdbwd": o = f(q, k, v); o.backward(grad) with q, k, v requiring grad. Ours is tk.based as a
-  training step calls it, not in strict mode: while the Based kernels have no backward it runs
-  the chunked PyTorch reference, and the record's "tk_path" (tk.explain_based) says so. TFLOP/s
-  count FWDBWD_FLOP_FACTOR times the forward.
+  training step calls it, in strict mode: the forward kernel with the backward kernels as its
+  autograd formula (the record's "tk_path", tk.explain_based, names both); fla's two kernels
+  with their own backward; "torch_chunked", the package's chunked PyTorch reference in fp32 on
+  fp32 copies with its autograd (what tk.based runs where the kernels do not), up to
+  N = CHUNKED_MAX_N (slow). TFLOP/s count FWDBWD_FLOP_FACTOR times the forward.
 - "step": tk.based_step, T tokens (T <= 4: one pass) against a (B, H, 273, Dv + 1) fp32 state
   updated in place: GB/s of state traffic (the state read and written once per step). Ours in
   strict mode (the kernel), "torch_ops" (the same step by PyTorch ops, tk.based_step's fallback
@@ -60,6 +62,7 @@ FEATURE_DIM = 16
 STATE_FEATURES = 1 + FEATURE_DIM + FEATURE_DIM * FEATURE_DIM  # E = 273
 SCALE = FEATURE_DIM ** -0.5
 QUADRATIC_MAX_N = 4096  # N x N fp32 scores and weights: 2 x 17 GB at N = 4096, B = H = 16
+CHUNKED_MAX_N = 4096    # the chunked reference's forward + backward: about 60 ms at N = 4096
 # The backward does twice the forward's state products (dq from the state; dk and dv from the
 # gradient's state, and that state's update), so forward + backward counts 3 forwards.
 FWDBWD_FLOP_FACTOR = 3.0
@@ -145,9 +148,8 @@ class Impl:
 
 
 def _ours_context(pass_name: str) -> contextlib.AbstractContextManager:
-    # The forward in strict mode: a fallback raises (shown as '-'), never times the reference.
-    # fwdbwd is timed as users get it (the reference's autograd while no kernel has a backward).
-    return tk.strict(pass_name == "fwd")
+    # Strict mode: a fallback raises (shown as '-'), never times the reference as ours.
+    return tk.strict(pass_name in ("fwd", "fwdbwd"))
 
 
 def _quadratic(q, k, v):
@@ -185,6 +187,19 @@ def _skip_quadratic(pass_name: str, cfg: Config) -> str | None:
     return None
 
 
+def _chunked(q, k, v):
+    """The package's chunked PyTorch reference (tk.based's fallback) on fp32 inputs."""
+    return reference.chunked(q, k, v, SCALE)[0]
+
+
+def _skip_chunked(pass_name: str, cfg: Config) -> str | None:
+    if pass_name != "fwdbwd":
+        return "forward + backward only"
+    if cfg.length > CHUNKED_MAX_N:
+        return f"not run beyond N={CHUNKED_MAX_N} (slow)"
+    return None
+
+
 def implementations() -> tuple[dict[str, Impl], str | None]:
     """The implementations in column order, and fla's import error (None when it imported)."""
     fla, fla_error = _fla_peers()
@@ -193,6 +208,8 @@ def implementations() -> tuple[dict[str, Impl], str | None]:
         impls.update(fla)
     impls["torch_quadratic"] = Impl(_quadratic, prepare=lambda inputs: tuple(t.float() for t in inputs),
                                     skip=_skip_quadratic)
+    impls["torch_chunked"] = Impl(_chunked, prepare=lambda inputs: tuple(t.float() for t in inputs),
+                                  skip=_skip_chunked)
     return impls, fla_error
 
 

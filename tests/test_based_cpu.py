@@ -230,7 +230,6 @@ def test_kernel_path_with_states_and_normalize(cpu_based):
     (lambda: inputs(n=8, f=8, dtype=torch.bfloat16), "feature dim 8 is not supported by the kernel (16 only)"),
     (lambda: inputs(n=8, dv=32, dtype=torch.bfloat16), "value dim 32 is not supported by the kernel (64 or 128 only)"),
     (lambda: inputs(n=8, dtype=torch.float32), "dtype torch.float32 is not supported by the kernel"),
-    (lambda: inputs(n=8, dtype=torch.bfloat16, requires_grad=True), "q requires grad and the based kernels have no backward yet"),
 ])
 def test_kernel_path_fallback_reasons(cpu_based, case, reason):
     q, k, v = case()

@@ -3,7 +3,7 @@
 reference for both dtypes, value dims 64 and 128, normalize on and off, odd lengths (1, 17, 63,
 1000, 4097), initial and final state, (B, N, H, D) memory read in place as (B, H, N, D), views the
 kernel cannot read (copied, and still right), a prefix then based_step token by token equal to
-the whole sequence, gradients (the reference path) against float64 autograd, torch.compile,
+the whole sequence, gradients (the backward kernels) against float64 autograd, torch.compile,
 CUDA-graph capture of tk.based and of an in-place based_step, a non-default stream, and fp32
 refused in strict mode.
 
@@ -19,8 +19,9 @@ PyTorch computing the same math in the input dtype (fp32 accumulation inside mat
     relL2(o, ref)   <= 2 * relL2(o_torch, ref) + 1e-6
 
 The final state (fp32) is held to 2x the relative L2 error of phi(k) built in the input dtype
-and accumulated in fp32, plus 1e-6. Gradients (on the reference path, which computes in fp32)
-are held to 2x PyTorch's autograd of the same math in the input dtype, plus the same slack.
+and accumulated in fp32, plus 1e-6. Gradients (the backward kernels,
+tests/test_based_backward_gpu.py) are held to 2x PyTorch's autograd of the same math in the input
+dtype, plus the same slack.
 """
 
 import math
@@ -301,20 +302,21 @@ def test_views_the_kernel_cannot_read_are_copied():
     assert torch.equal(out, on_kernel(q.clone(), k.contiguous(), v.contiguous(), normalize=True))
 
 
-# ---- gradients (the reference path) ----------------------------------------------------------
+# ---- gradients (the backward kernels) ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalize"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gradients_match_float64_autograd(dtype, normalize):
-    """Inputs that require grad take the reference path (explain says why); dq, dk, dv and the
-    initial state's gradient, through the output and the final state, against float64 autograd."""
+    """Inputs that require grad take the kernel path with the backward kernels (explain says so);
+    dq, dk, dv and the initial state's gradient, through the output and the final state, against
+    float64 autograd."""
     seeded("grad", dtype, normalize)
     q, k, v = make_inputs(1, 2, 300, 64, dtype, requires_grad=True)
     s0 = state_from_prefix(1, 2, 64).requires_grad_()
     kwargs = {"normalize": normalize, "initial_state": s0, "output_final_state": True}
     plan = tk.explain_based(q, k, v, **kwargs)
-    assert not plan.uses_kernel and "q requires grad" in plan.reason, str(plan)
+    assert plan.uses_kernel and plan.backward is not None, str(plan)
     out, state = tk.based(q, k, v, **kwargs)
     grad_out = torch.randn_like(out)
     grad_state = torch.randn_like(state) / 100

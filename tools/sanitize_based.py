@@ -1,16 +1,18 @@
 """Small Based calls for compute-sanitizer (memcheck / racecheck / synccheck).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        python3 tools/sanitize_based.py [step]
+        python3 tools/sanitize_based.py [step | backward]
 
 Calls torch.ops.tk.based_fwd_sm80 directly (no fallback can hide a kernel problem) on lengths
 around the 64-row chunk, both value dims and dtypes, normalize on and off, with and without an
 initial and a final state, and a strided (B, N, H, D) layout; then the decoding step ops
 tk.based_step_sm80 and tk.based_step_inplace_sm80 on 1, 4 and 5 tokens (one and two passes over
 the state), states at every 4-byte offset from a 16-byte boundary (six slices each) and with
-padded slices. Inputs and the float64 references are made on the CPU, so the only GPU work is
-copies and our kernels. With the argument `step`, only the step calls. Exits non-zero on any
-mismatch.
+padded slices; then the backward op tk.based_bwd_sm80 on the forward's lengths, value dims and
+dtypes, with and without an initial state and a final state's gradient, q, k and the gradient
+strided. Inputs and the float64 references are made on the CPU, so the only GPU work is copies
+and our kernels. With the argument `step` (`backward`), only the step (backward) calls. Exits
+non-zero on any mismatch.
 """
 
 import itertools
@@ -35,6 +37,11 @@ def main() -> int:
         torch.cuda.synchronize()
         print(f"sanitize_based: {runs} step calls, {failures} mismatches")
         return 1 if failures else 0
+    if sys.argv[1:] == ["backward"]:  # the backward only
+        runs, failures = backward_calls()
+        torch.cuda.synchronize()
+        print(f"sanitize_based: {runs} backward calls, {failures} mismatches")
+        return 1 if failures else 0
     scale = 0.25
     for n, dv, dtype, normalize, states in itertools.product(LENGTHS, VALUE_DIMS, DTYPES, (False, True), (False, True)):
         b, h = 2, 3
@@ -57,9 +64,11 @@ def main() -> int:
             failures += 1
             print(f"MISMATCH n={n} dv={dv} {dtype} normalize={normalize} states={states}: max err {err:.3e}")
     step_runs, step_failures = steps()
+    backward_runs, backward_failures = backward_calls()
     torch.cuda.synchronize()
-    print(f"sanitize_based: {runs + step_runs} calls, {failures + step_failures} mismatches")
-    return 1 if failures + step_failures else 0
+    runs, failures = runs + step_runs + backward_runs, failures + step_failures + backward_failures
+    print(f"sanitize_based: {runs} calls, {failures} mismatches")
+    return 1 if failures else 0
 
 
 def _step_reference(q, k, v, state, scale, normalize, eps):
@@ -103,6 +112,45 @@ def steps() -> tuple[int, int]:
             failures += 1
             print(f"STEP MISMATCH tokens={count} dv={dv} {dtype} normalize={normalize} offset={offset} "
                   f"inplace={inplace}: max err {err:.3e}, state relative err {state_err:.3e}")
+    return runs, failures
+
+
+def backward_calls() -> tuple[int, int]:
+    """tk::based_bwd_sm80 against float64 autograd of the quadratic form (unnormalised; the
+    states' quadratic blocks symmetric and the final state's gradient without a last column:
+    all the op sees)."""
+    failures = runs = 0
+    scale, b, h = 0.25, 2, 3
+    for n, dv, dtype, states in itertools.product(LENGTHS, VALUE_DIMS, DTYPES, (False, True)):
+        q, k, grad = (torch.randn(b, n, h, d).to(dtype) for d in (16, 16, dv))
+        v = torch.randn(b, h, n, dv).to(dtype)
+        state0 = grad_final = None
+        if states:
+            state0 = (reference.feature_map(torch.randn(b, h, 40, 16, dtype=torch.float64), scale).transpose(-1, -2)
+                      @ torch.cat([torch.randn(b, h, 40, dv, dtype=torch.float64),
+                                   torch.ones(b, h, 40, 1, dtype=torch.float64)], -1)).float()
+            grad_final = (reference.feature_map(torch.randn(b, h, 5, 16, dtype=torch.float64), scale).transpose(-1, -2)
+                          @ torch.randn(b, h, 5, dv + 1, dtype=torch.float64)).float()
+            grad_final[..., -1] = 0
+        got = torch.ops.tk.based_bwd_sm80(grad.cuda().transpose(1, 2), q.cuda().transpose(1, 2),
+                                          k.cuda().transpose(1, 2), v.cuda(), scale,
+                                          state0.cuda() if states else None,
+                                          grad_final.cuda() if states else None, states)
+        leaves = [t.double().requires_grad_() for t in (q.transpose(1, 2), k.transpose(1, 2), v)]
+        if states:
+            leaves.append(state0.double().requires_grad_())
+        out, final = reference.quadratic(*leaves[:3], scale, False, 0.0, leaves[3] if states else None)
+        loss = (out * grad.transpose(1, 2).double()).sum()
+        if states:
+            loss = loss + (final * grad_final.double()).sum()
+        worst = 0.0
+        for ours, want in zip(got, torch.autograd.grad(loss, leaves)):
+            error = (ours.cpu().double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+            worst = max(worst, error if math.isfinite(error) else math.inf)
+        runs += 1
+        if not worst <= 3e-2:
+            failures += 1
+            print(f"BACKWARD MISMATCH n={n} dv={dv} {dtype} states={states}: max err {worst:.3e}")
     return runs, failures
 
 

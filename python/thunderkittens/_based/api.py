@@ -50,10 +50,13 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
     Runs our kernel for CUDA bfloat16/float16 inputs with F = 16 and Dv 64 or 128 on sm_80 or
     newer GPUs, any N and any B x H, reading strided inputs (e.g. (B, N, H, D) memory viewed as
     (B, H, N, D)) in place when the last dim is contiguous, other strides are multiples of 16
-    bytes and the data 16-byte aligned (else one copy). Calls that need gradients, other dims and
-    dtypes, and CPU tensors run the chunked PyTorch reference (memory linear in N), whose
-    autograd gives gradients of q, k, v and initial_state. thunderkittens.explain_based says
-    which path a call takes; thunderkittens.strict makes the reference path an error.
+    bytes and the data 16-byte aligned (else one copy). Gradients of q, k, v and initial_state
+    (through o and the final state) come from our backward kernels on the same calls (with
+    normalize, the normaliser's share by PyTorch ops; no N x N memory anywhere); a second
+    backward is not supported there. Other dims and dtypes and CPU tensors run the chunked
+    PyTorch reference (memory linear in N), whose autograd gives the gradients.
+    thunderkittens.explain_based says which path a call takes (and what computes its
+    gradients); thunderkittens.strict makes the reference path an error.
     """
     check_arguments("tk.based", q, k, v, scale, normalize, eps, initial_state, "initial_state")
     if not isinstance(output_final_state, bool):

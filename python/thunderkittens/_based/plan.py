@@ -1,9 +1,12 @@
 """Which path a Based call takes: a kernel family, or the PyTorch reference (and why); and the
 BasedPlan that explain_based() returns.
 
-The kernels are built for feature dim 16 and value dims 64 and 128, bf16/fp16, forward only;
-``sm80`` (mma.sync + cp.async) runs on every GPU from sm_80 on, Hopper included. A call that
-needs gradients runs the chunked PyTorch reference, whose autograd gives them.
+The kernels are built for feature dim 16 and value dims 64 and 128, bf16/fp16; ``sm80``
+(mma.sync + cp.async) runs on every GPU from sm_80 on, Hopper included. A call that needs
+gradients runs the forward kernel with the backward kernels as its autograd formula (with
+normalize, the normaliser's share of the gradient by PyTorch ops: autograd.py), where the GPU
+gives the backward kernels the shared memory they need; else the chunked PyTorch reference for
+both passes, whose autograd gives the gradients.
 
 Every decision here reads only shapes, dtypes, devices, flags and configuration, never tensor
 data (see _scaffold).
@@ -22,7 +25,10 @@ KERNEL_FEATURE_DIM = 16
 KERNEL_VALUE_DIMS = (64, 128)
 
 SM80 = KernelFamily(op="based", name="sm80", description="sm80 mma.sync", op_name="based_fwd_sm80",
-                    min_capability=(8, 0))
+                    min_capability=(8, 0), backward_op_name="based_bwd_sm80")
+# Dynamic shared memory per block of the backward kernels (the larger of the dq and the dk/dv
+# kernel; csrc/based/backward_dq_sm80.cu and backward_sm80.cu, which check it too), by value dim.
+BACKWARD_SHARED_BYTES = {64: 89088, 128: 150528}
 FAMILIES: tuple[KernelFamily, ...] = (SM80,)
 BY_NAME = _scaffold.register_families(*FAMILIES)
 
@@ -38,6 +44,7 @@ class BasedPlan(Plan):
     normalize: bool
     initial_state: bool
     final_state: bool
+    backward: str | None = None     # what computes the gradients, when the call needs them
 
     def details(self) -> list[str]:
         parts = [f"dv={self.value_dim}"]
@@ -47,16 +54,30 @@ class BasedPlan(Plan):
             parts.append("+ initial state")
         if self.final_state:
             parts.append("-> final state")
+        if self.backward is not None:
+            parts.append(f"(gradients: {self.backward})")
         return parts
 
 
-def _needs_grad(*tensors) -> str | None:
+def needs_grad(*tensors) -> str | None:
+    """The first of q, k, v, initial_state that autograd will need a gradient for, or None."""
     if not torch.is_grad_enabled():
         return None
     for name, t in zip(("q", "k", "v", "initial_state"), tensors):
         if t is not None and t.requires_grad:
             return name
     return None
+
+
+@torch.compiler.assume_constant_result
+def _shared_memory_optin(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def backward_description(family: KernelFamily, normalize: bool) -> str:
+    """What computes the gradients of a kernel call (explain's words)."""
+    text = f"tk.{family.backward_op_name}"
+    return text + " + the normaliser's share by PyTorch ops" if normalize else text
 
 
 def decide(q, k, v, initial_state) -> tuple[KernelFamily | None, str | None]:
@@ -74,20 +95,27 @@ def decide(q, k, v, initial_state) -> tuple[KernelFamily | None, str | None]:
     family, reason = _scaffold.choose_family("based", q.device)
     if family is None:
         return None, reason
-    name = _needs_grad(q, k, v, initial_state)
+    name = needs_grad(q, k, v, initial_state)
     if name is not None:
-        return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the based "
-                      "kernels have no backward yet; under torch.no_grad() or "
-                      "torch.inference_mode() the kernel runs")
+        value_dim = int(v.shape[-1])
+        needed, available = BACKWARD_SHARED_BYTES[value_dim], _shared_memory_optin(q.device.index)
+        if needed > available:
+            return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the backward "
+                          f"kernels for value dim {value_dim} need {needed} bytes of shared memory "
+                          f"per block, this GPU has {available}; under torch.no_grad() or "
+                          "torch.inference_mode() the forward kernel runs")
     return family, None
 
 
 def explain(q, k, v, normalize, initial_state, output_final_state, copies) -> BasedPlan:
     family, reason = decide(q, k, v, initial_state)
+    backward = (backward_description(family, normalize)
+                if family is not None and needs_grad(q, k, v, initial_state) is not None else None)
     return BasedPlan(uses_kernel=family is not None, reason=reason,
                      kernel=family.name if family else None,
                      kernel_description=family.description if family else None,
                      op=f"tk.{family.op_name}" if family else None, dtype=q.dtype,
                      copies=copies if family else (), strict=_config.strict_enabled(),
                      value_dim=int(v.shape[-1]), normalize=normalize,
-                     initial_state=initial_state is not None, final_state=output_final_state)
+                     initial_state=initial_state is not None, final_state=output_final_state,
+                     backward=backward)

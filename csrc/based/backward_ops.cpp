@@ -1,0 +1,127 @@
+// CUDA implementation of tk::based_bwd_sm80: re-check the inputs (cheaply: shapes, dtypes,
+// devices, strides, alignment, shared memory; never data), allocate the gradients, describe the
+// call in a plain BackwardParams struct and launch the kernels on the current stream of q's
+// device.
+//
+// The Python layer (thunderkittens._based.autograd) makes inputs conform; these checks are for
+// direct callers of torch.ops.tk.based_bwd_sm80, and they name the offending argument.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "based/backward_params.h"
+#include "operand_checks.h"
+
+namespace tk::based {
+namespace {
+
+constexpr const char* kOp = "tk::based_bwd_sm80: ";
+
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
+    check_like(t, name, q, "q", kOp);
+    check_extents(t, name, 4, "(batch, heads, length, dim)", kOp);
+    check_row_layout(t, name, kOp);
+}
+
+// An optional fp32 state-shaped input: contiguous (a copy only for an unusual layout: it is small).
+at::Tensor state_input(const std::optional<at::Tensor>& s, const char* name, const at::Tensor& q,
+                       const std::vector<int64_t>& shape) {
+    if (!s.has_value() || !s->defined()) return at::Tensor();
+    TORCH_CHECK(s->is_cuda() && s->device() == q.device(), kOp, name, " must be on q's device ", q.device(),
+                ", got ", s->device());
+    TORCH_CHECK(s->scalar_type() == at::kFloat, kOp, name, " must be float32, got ", s->scalar_type());
+    TORCH_CHECK(s->sizes() == at::IntArrayRef(shape), kOp, name, " must have shape ", at::IntArrayRef(shape),
+                " (batch, heads, 273, value_dim + 1), got ", s->sizes());
+    return s->contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& grad_final_state,
+    bool grad_initial_state) {
+    TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
+    check_operand(q, "q", q);
+    check_operand(k, "k", q);
+    check_operand(v, "v", q);
+    check_operand(grad_out, "grad_out", q);
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, kOp,
+                "q must be bfloat16 or float16, got ", q.scalar_type());
+    const ElementType dtype = q.scalar_type() == at::kBFloat16 ? ElementType::bf16 : ElementType::fp16;
+
+    const int64_t batch = q.size(0), heads = q.size(1), len = q.size(2), value_dim = v.size(3);
+    TORCH_CHECK(q.size(3) == FEATURE_DIM, kOp, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
+    TORCH_CHECK(k.sizes() == q.sizes(), kOp, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
+    TORCH_CHECK(v.size(0) == batch && v.size(1) == heads && v.size(2) == len, kOp,
+                "v must be (batch, heads, length, value_dim) with q's batch, heads and length, got v ", v.sizes(),
+                " and q ", q.sizes());
+    TORCH_CHECK(grad_out.sizes() == v.sizes(), kOp, "grad_out must have v's shape ", v.sizes(), ", got ",
+                grad_out.sizes());
+    TORCH_CHECK(value_dim == 64 || value_dim == 128, kOp, "v's value_dim must be 64 or 128, got ", value_dim);
+    TORCH_CHECK(std::isfinite(scale) && scale > 0, kOp, "scale must be finite and positive, got ", scale);
+    TORCH_CHECK(batch * heads <= std::numeric_limits<int>::max(), kOp,
+                "batch * heads must fit in a 32-bit int, got ", batch, " * ", heads);
+
+    const std::vector<int64_t> state_shape{batch, heads, STATE_ROWS, value_dim + 1};
+    const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape);
+    const at::Tensor grad_final = state_input(grad_final_state, "grad_final_state", q, state_shape);
+
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    int optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, q.device().index()));
+    const int needed = backward_sm80_shared_bytes(static_cast<int>(value_dim));
+    TORCH_CHECK(needed <= optin, kOp, "value_dim ", value_dim, " needs ", needed,
+                " bytes of shared memory per block; this GPU allows ", optin);
+
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk = at::empty(k.sizes(), k.options());
+    at::Tensor dv = at::empty(v.sizes(), v.options());
+    at::Tensor d_initial = grad_initial_state ? at::empty(state_shape, q.options().dtype(at::kFloat))
+                                              : at::empty({0}, q.options().dtype(at::kFloat));
+
+    BackwardParams p{};
+    p.grad_out = grad_out.const_data_ptr();
+    p.q = q.const_data_ptr();
+    p.k = k.const_data_ptr();
+    p.v = v.const_data_ptr();
+    p.dq = dq.mutable_data_ptr();
+    p.dk = dk.mutable_data_ptr();
+    p.dv = dv.mutable_data_ptr();
+    const auto gs = kernel_strides<4>(grad_out), qs = kernel_strides<4>(q), ks = kernel_strides<4>(k),
+               vs = kernel_strides<4>(v), dqs = kernel_strides<4>(dq), dks = kernel_strides<4>(dk),
+               dvs = kernel_strides<4>(dv);
+    p.grad_out_stride_b = gs[0], p.grad_out_stride_h = gs[1], p.grad_out_stride_l = gs[2];
+    p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
+    p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
+    p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
+    p.dq_stride_b = dqs[0], p.dq_stride_h = dqs[1], p.dq_stride_l = dqs[2];
+    p.dk_stride_b = dks[0], p.dk_stride_h = dks[1], p.dk_stride_l = dks[2];
+    p.dv_stride_b = dvs[0], p.dv_stride_h = dvs[1], p.dv_stride_l = dvs[2];
+    p.initial_state = initial.defined() ? initial.const_data_ptr<float>() : nullptr;
+    p.grad_final_state = grad_final.defined() ? grad_final.const_data_ptr<float>() : nullptr;
+    p.grad_initial_state = grad_initial_state ? d_initial.mutable_data_ptr<float>() : nullptr;
+    p.batch = static_cast<int>(batch);
+    p.heads = static_cast<int>(heads);
+    p.len = static_cast<int>(len);
+    p.value_dim = static_cast<int>(value_dim);
+    p.scale = static_cast<float>(scale);
+    p.dtype = dtype;
+
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    check_launch(backward_sm80(p, stream), kOp);
+    return {dq, dk, dv, d_initial};
+}
+
+}  // namespace
+}  // namespace tk::based
+
+TORCH_LIBRARY_IMPL(tk, CUDA, m) {
+    m.impl("based_bwd_sm80", &tk::based::based_bwd_sm80_cuda);
+}

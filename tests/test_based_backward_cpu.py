@@ -1,0 +1,219 @@
+"""tk.based's gradients on the kernel path, on the CPU: the autograd formula of
+tk::based_fwd_sm80 (thunderkittens/_based/autograd.py) with CPU stand-ins of the forward and
+backward ops that follow the ops' contracts in float64, against float64 autograd of the
+definition. This checks everything around the backward kernels: the normaliser's share of the
+gradient with normalize=True, the initial state's and the final state's parts the kernels do not
+see (the normaliser column, the antisymmetric part of the quadratic block), which gradients are
+asked for, the path choice and explain, and the backward op's fake implementation.
+The kernels themselves: tests/test_based_backward_gpu.py."""
+
+import math
+
+import pytest
+import torch
+
+import thunderkittens as tk
+from thunderkittens._based import autograd, plan, reference
+
+from gpu_support import kernel_standin
+
+FEATURES = 16
+SCALE = 0.25
+
+
+def symmetric_value_part(state, value_dim):
+    """The state's value columns with the quadratic block's symmetric part (what the kernels read)
+    and a zero normaliser column."""
+    quad = state[..., 1 + FEATURES:, :value_dim].unflatten(-2, (FEATURES, FEATURES))
+    quad = (quad + quad.transpose(-2, -3)) / 2
+    values = torch.cat([state[..., :1 + FEATURES, :value_dim], quad.flatten(-3, -2)], -2)
+    return torch.cat([values, torch.zeros_like(state[..., :1])], -1)
+
+
+def forward_standin(q, k, v, scale, normalize, eps, initial_state, output_final_state):
+    state = None if initial_state is None else initial_state.double()
+    out, final = reference.quadratic(q.double(), k.double(), v.double(), scale, normalize, eps, state)
+    final = final.float() if output_final_state else q.new_empty((0,), dtype=torch.float32)
+    return out.to(q.dtype), final
+
+
+class BackwardStandIn:
+    """tk::based_bwd_sm80's contract in float64 (backward_params.h): the unnormalised gradients,
+    the initial and final states through the symmetric parts of their value columns."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state):
+        assert grad_out.dtype == q.dtype and grad_out.shape == v.shape
+        for state in (initial_state, grad_final_state):
+            assert state is None or (state.dtype == torch.float32 and state.is_contiguous())
+        self.calls.append({"initial_state": initial_state, "grad_final_state": grad_final_state,
+                           "grad_initial_state": grad_initial_state})
+        # Written out (autograd does not run inside an op's implementation).
+        value_dim = v.shape[-1]
+        q, k, v, g = q.double(), k.double(), v.double(), grad_out.double()
+        s = scale * (q @ k.transpose(-1, -2))
+        causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        weights = torch.where(causal, 1 + s + s * s / 2, 0.0)
+        ds = torch.where(causal, (g @ v.transpose(-1, -2)) * (1 + s), 0.0) * scale
+        dq, dk, dv = ds @ k, ds.transpose(-1, -2) @ q, weights.transpose(-1, -2) @ g
+        if initial_state is not None:  # o += phi(q) S0
+            dq = dq + feature_map_vjp_rows(q, g @ symmetric_value_part(initial_state.double(), value_dim)[..., :-1].transpose(-1, -2), scale)
+        final = None
+        if grad_final_state is not None:  # final += phi(k)^T v
+            final = symmetric_value_part(grad_final_state.double(), value_dim)[..., :-1]
+            dv = dv + reference.feature_map(k, scale) @ final
+            dk = dk + feature_map_vjp_rows(k, v @ final.transpose(-1, -2), scale)
+        if grad_initial_state:
+            d_state = torch.zeros(*q.shape[:2], 273, value_dim + 1, dtype=torch.float64)
+            d_state[..., :value_dim] = reference.feature_map(q, scale).transpose(-1, -2) @ g
+            if final is not None:
+                d_state[..., :value_dim] += final
+            d_state = d_state.float()
+        else:
+            d_state = grad_out.new_empty((0,), dtype=torch.float32)
+        return dq.to(grad_out.dtype), dk.to(grad_out.dtype), dv.to(grad_out.dtype), d_state
+
+
+def feature_map_vjp_rows(x, y, scale):
+    """J_phi(x_i)^T y_i for every row i: x (..., N, F), y (..., N, 1 + F + F*F)."""
+    quad = y[..., 1 + FEATURES:].unflatten(-1, (FEATURES, FEATURES))
+    return (math.sqrt(scale) * y[..., 1:1 + FEATURES]
+            + scale / math.sqrt(2) * ((quad + quad.transpose(-1, -2)) @ x.unsqueeze(-1)).squeeze(-1))
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
+    backward = BackwardStandIn()
+    with kernel_standin(monkeypatch, "based_fwd_sm80", "based", forward_standin), \
+            kernel_standin(monkeypatch, "based_bwd_sm80", "based", backward):
+        yield backward
+
+
+def make(b, h, n, value_dim, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    q, k, v = rand(b, h, n, FEATURES).to(dtype), rand(b, h, n, FEATURES).to(dtype), rand(b, h, n, value_dim).to(dtype)
+    # A state as a prefix leaves it, plus an antisymmetric quadratic part and noise in the
+    # normaliser column (the gradients must not depend on the kernels seeing only part of it).
+    prefix_k, prefix_v = rand(b, h, 30, FEATURES), rand(b, h, 30, value_dim)
+    s0 = reference.feature_map(prefix_k, SCALE).transpose(-1, -2) @ torch.cat([prefix_v, torch.ones_like(prefix_v[..., :1])], -1)
+    s0[..., 1 + FEATURES:, :] += 0.1 * rand(b, h, 256, value_dim + 1)
+    return q, k, v, s0.float()
+
+
+def float64_gradients(q, k, v, s0, normalize, grad_out, grad_final, eps=1e-6):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    s0 = None if s0 is None else s0.detach().double().requires_grad_()
+    out, final = reference.quadratic(*leaves, SCALE, normalize, eps, s0)
+    loss = (out * grad_out.double()).sum()
+    if grad_final is not None:
+        loss = loss + (final * grad_final.double()).sum()
+    return torch.autograd.grad(loss, leaves + ([s0] if s0 is not None else []))
+
+
+def assert_close(got, want, what):
+    error = ((got.double() - want).norm() / want.norm()).item()
+    assert error < 1e-2, f"{what}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("with_final", [False, True], ids=["o", "o+final"])
+@pytest.mark.parametrize("with_initial", [False, True], ids=["fresh", "initial"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalize"])
+def test_gradients_through_the_kernel_path(cpu_kernels, normalize, with_initial, with_final):
+    q, k, v, s0 = make(2, 3, 150, 64)
+    s0 = s0 if with_initial else None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([s0.clone().requires_grad_()] if with_initial else [])
+    plan_text = str(tk.explain_based(*leaves[:3], normalize=normalize, initial_state=leaves[3] if with_initial else None,
+                                     output_final_state=with_final))
+    assert plan_text.startswith("kernel tk.based_fwd_sm80"), plan_text
+    assert "(gradients: tk.based_bwd_sm80" in plan_text
+    assert ("normaliser's share by PyTorch" in plan_text) == normalize
+    result = tk.based(*leaves[:3], normalize=normalize, initial_state=leaves[3] if with_initial else None,
+                      output_final_state=with_final)
+    out, final = result if with_final else (result, None)
+    g = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    grad_final = torch.randn(final.shape, generator=g, dtype=torch.float64) / 10 if with_final else None
+    loss = (out.double() * grad_out).sum() + ((final.double() * grad_final).sum() if with_final else 0)
+    got = torch.autograd.grad(loss, leaves)
+    want = float64_gradients(q, k, v, s0, normalize, grad_out.to(q.dtype), grad_final)
+    for name, a, b in zip(("q", "k", "v", "initial_state"), got, want):
+        assert a.dtype == (torch.float32 if name == "initial_state" else q.dtype)
+        assert_close(a, b, f"grad of {name}")
+    (call,) = cpu_kernels.calls
+    assert call["grad_initial_state"] == with_initial
+    assert (call["grad_final_state"] is not None) == with_final
+
+
+def test_only_the_gradients_asked_for(cpu_kernels):
+    q, k, v, s0 = make(1, 2, 70, 128)
+    v.requires_grad_()
+    out = tk.based(q, k, v, initial_state=s0)
+    (dv,) = torch.autograd.grad(out.float().sum(), [v])
+    assert dv.shape == v.shape and dv.dtype == v.dtype
+    assert cpu_kernels.calls[0]["grad_initial_state"] is False
+
+
+def test_final_state_alone(cpu_kernels):
+    """A loss on the final state only: o's gradient is absent (zeros reach the kernel)."""
+    q, k, v, _ = make(1, 2, 40, 64)
+    k.requires_grad_()
+    v.requires_grad_()
+    _, final = tk.based(q, k, v, output_final_state=True)
+    grad_final = torch.randn_like(final)
+    got = torch.autograd.grad((final * grad_final).sum(), [k, v])
+    want = float64_gradients(q, k, v, None, False, torch.zeros_like(v), grad_final)
+    assert_close(got[0], want[1], "grad of k")
+    assert_close(got[1], want[2], "grad of v")
+
+
+def test_normaliser_matches_the_reference():
+    q, k, v, s0 = make(2, 2, 130, 64, dtype=torch.float64)
+    z0 = s0[..., -1].double()
+    ones = torch.ones_like(v[..., :1])
+    expected, _ = reference.quadratic(q, k, ones, SCALE, False, 0.0,
+                                      torch.stack([z0, torch.zeros_like(z0)], -1))
+    got = autograd.normaliser(q, k, SCALE, z0)
+    torch.testing.assert_close(got, expected[..., 0], rtol=1e-10, atol=1e-10)
+
+
+def test_backward_fallback_where_shared_memory_is_short(cpu_kernels, monkeypatch):
+    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 101376))
+    q, k, v, _ = make(1, 2, 20, 128)
+    q.requires_grad_()
+    text = str(tk.explain_based(q, k, v))
+    assert "q requires grad and the backward kernels for value dim 128 need 150528 bytes" in text, text
+    with torch.no_grad():
+        assert str(tk.explain_based(q, k, v)).startswith("kernel")
+    q64, k64, v64, _ = make(1, 2, 20, 64)
+    q64.requires_grad_()
+    assert str(tk.explain_based(q64, k64, v64)).startswith("kernel")  # Dv = 64 fits
+
+
+def test_backward_op_fake_and_schema(cpu_kernels):
+    q, k, v, s0 = make(2, 3, 16, 64)
+    grad = torch.randn_like(v)
+    for state, final, want in ((None, None, False), (s0, torch.randn_like(s0), True)):
+        torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default, (grad, q, k, v, SCALE, state, final, want),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+def test_second_backward_is_refused(cpu_kernels):
+    q, k, v, _ = make(1, 1, 10, 64)
+    q.requires_grad_()
+    out = tk.based(q, k, v)
+    (dq,) = torch.autograd.grad(out.float().sum(), [q], create_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        dq.float().sum().backward()
+
+
+def test_feature_map_vjp():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, FEATURES, generator=g, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(2, 3, 273, generator=g, dtype=torch.float64)
+    (expected,) = torch.autograd.grad((reference.feature_map(x, SCALE) * z.unsqueeze(-2)).sum(), [x])
+    torch.testing.assert_close(autograd._feature_map_vjp(x, z, SCALE), expected)
+    assert math.isclose(SCALE, 0.25)
