@@ -112,7 +112,7 @@ class ForwardStandIn:
         w = u if pregate is None else u * pregate  # the kernel rounds u * pregate to 16 bits
         spectrum = torch.view_as_complex(k_spectrum.double())
         if conjugate:
-            spectrum = spectrum.conj()
+            spectrum = spectrum.conj_physical()  # a lazy conj view is lost under AOT autograd
         y = torch.fft.irfft(torch.fft.rfft(w.double(), n=fft_size) * spectrum, n=fft_size)[..., :n]
         if postgate is not None:
             y = y * postgate.double()
@@ -130,7 +130,7 @@ class FilterGradStandIn:
         assert u.dtype in (torch.bfloat16, torch.float16) and n % 8 == 0 and n <= fft_size // 2
         assert dy.dtype == u.dtype and dy.shape == u.shape and conforming(dy) and conforming(u)
         self.calls.append({"dy": dy, "u": u, "fft_size": fft_size})
-        products = torch.fft.rfft(dy.double(), n=fft_size) * torch.fft.rfft(u.double(), n=fft_size).conj()
+        products = torch.fft.rfft(dy.double(), n=fft_size) * torch.fft.rfft(u.double(), n=fft_size).conj_physical()
         return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()
 
 
@@ -314,13 +314,35 @@ def test_long_sequence_gradients(cpu_fftconv):
     assert len(cpu_fftconv.filter_grad.calls) == sum(block_calls(8200, 5000))
 
 
-def test_kernel_path_under_torch_compile(cpu_fftconv):
-    u, k, pre, post = make(n=24, nk=24, dtype=torch.bfloat16, gates=True)
+@pytest.mark.parametrize("n", [24, 4104])
+def test_kernel_path_under_torch_compile(cpu_fftconv, n):
+    """One kernel call, and blocks of the longest kernel (a loop of calls on views)."""
+    u, k, pre, post = make(b=1, h=2, n=n, nk=n, dtype=torch.bfloat16, gates=True)
     compiled = torch.compile(tk.fftconv, fullgraph=True)
     torch.testing.assert_close(compiled(u, k, pre, post), tk.fftconv(u, k, pre, post))
 
 
-def test_opcheck(cpu_fftconv):
+@pytest.mark.parametrize("correlate", [False, True])
+def test_opcheck(cpu_fftconv, correlate):
     u, k, pre, post = make(n=16, nk=16, dtype=torch.bfloat16, gates=True, requires_grad=True)
-    torch.library.opcheck(torch.ops.tk.fftconv.default, (u, k.detach().float().requires_grad_(), pre, post, 512),
+    torch.library.opcheck(torch.ops.tk.fftconv.default,
+                          (u, k.detach().float().requires_grad_(), pre, post, 512, correlate),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_correlation_op_gradients(cpu_fftconv):
+    """tk::fftconv with correlate=True (the blocks' tail pieces): y[n] = post[n] sum_{m >= n}
+    k[m - n] (u pre)[m] and its gradients against float64 autograd of the same formula."""
+    u, k, pre, post = make(b=2, h=3, n=32, nk=32, dtype=torch.float16, gates=True, requires_grad=True)
+    k = k.detach().float().requires_grad_()
+    y = torch.ops.tk.fftconv(u, k, pre, post, 512, True)
+    grad = torch.randn_like(y)
+    ours = torch.autograd.grad(y, (u, k, pre, post), grad)
+    leaves = [t.detach().double().requires_grad_() for t in (u, k, pre, post)]
+    wd, kd, pd, qd = leaves
+    w = wd * pd
+    expected_y = torch.stack([(kd[None, :, : 32 - n] * w[..., n:]).sum(-1) for n in range(32)], -1) * qd
+    torch.testing.assert_close(y.double(), expected_y, rtol=1e-2, atol=1e-2 * expected_y.abs().max().item())
+    expected = torch.autograd.grad(expected_y, leaves, grad.double())
+    for name, got, want in zip(("u", "k", "pregate", "postgate"), ours, expected):
+        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item(), msg=name)

@@ -35,4 +35,5 @@ def filter_gradient(grad_w: torch.Tensor, w: torch.Tensor, filter_length: int) -
     fft_size = 2 * n
     g = torch.fft.rfft(grad_w.to(dtype), n=fft_size)
     x = torch.fft.rfft(w.to(dtype), n=fft_size)
-    return torch.fft.irfft((g * x.conj()).sum(0), n=fft_size)[..., :filter_length]
+    # conj_physical: a lazy conjugate view was read unconjugated inside compiled graphs' opaque ops
+    return torch.fft.irfft((g * x.conj_physical()).sum(0), n=fft_size)[..., :filter_length]
