@@ -429,7 +429,7 @@ def test_module_in_training_gives_the_functions_gradients():
 # ---- compile, graphs, streams ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", [100, 1024])
+@pytest.mark.parametrize("n", [100, 1024, 8192])
 def test_torch_compile_fullgraph(n):
     torch._dynamo.reset()
     seeded("compile", n)
