@@ -43,8 +43,8 @@ def qkv(len_q, len_kv, head_dim=128, heads_q=8, heads_kv=2, batch=2):
 DECODE_PLAN = "kernel tk.attention_fwd_decode [decode mma.sync split-kv]"
 
 
-@pytest.mark.parametrize("len_q, len_kv, head_dim", [(1, 256, 128), (1, 4096, 64), (16, 300, 96),
-                                                     (7, 1000, 128)])
+@pytest.mark.parametrize("len_q, len_kv, head_dim", [(1, 2048, 128), (1, 4096, 64), (16, 3000, 96),
+                                                     (7, 10000, 128)])
 def test_auto_picks_decode_for_short_queries_against_long_keys(decode_kernel, len_q, len_kv, head_dim):
     q, k, v = qkv(len_q, len_kv, head_dim)
     assert str(tk.explain(q, k, v, enable_gqa=True)) == f"{DECODE_PLAN} bf16 d={head_dim} full gqa=4"
@@ -58,7 +58,7 @@ def test_auto_picks_decode_for_short_queries_against_long_keys(decode_kernel, le
     torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("len_q, len_kv", [(17, 4096), (1, 255), (64, 64), (300, 333)])
+@pytest.mark.parametrize("len_q, len_kv", [(17, 4096), (1, 2047), (1, 512), (64, 64), (300, 333)])
 def test_auto_keeps_the_forward_kernel_elsewhere(decode_kernel, len_q, len_kv):
     q, k, v = qkv(len_q, len_kv)
     assert str(tk.explain(q, k, v, enable_gqa=True)).startswith("kernel tk.attention_fwd_sm90 ")

@@ -21,8 +21,9 @@ from .. import _scaffold
 DECODE_MAX_LEN_Q = 64
 #: auto: the decode kernel for calls with at most this many query rows ...
 AUTO_MAX_LEN_Q = 16
-#: ... against at least this many keys (below it both kernels are a few microseconds).
-AUTO_MIN_LEN_KV = 256
+#: ... against at least this many keys: at 512 keys the forward kernel was faster (12 us against
+#: 15 us, b1 hq32 hkv8 d128, H200), from 2048 on the decode kernel by far (docs/performance.md).
+AUTO_MIN_LEN_KV = 2048
 
 NAME = "decode"
 
