@@ -10,15 +10,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include "attention/attention_params.h"
 #include "attention/head_dims.h"
+#include "attention/op_checks.h"
+#include "attention/qkv_fields.h"
 #include "device_facts.h"
 #include "operand_checks.h"
 
@@ -31,70 +30,13 @@ constexpr const char* kSm90Op = "tk::attention_fwd_sm90: ";
 constexpr const char* kSm90TrainOp = "tk::attention_fwd_sm90_train: ";
 constexpr const char* kBwdOp = "tk::attention_bwd_sm90: ";
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
-    check_like(t, name, q, "q", op);
-    check_extents(t, name, 4, "(batch, heads, length, head_dim)", op);
-    check_row_layout(t, name, op);
-}
-
-ElementType element_type(const at::Tensor& q, const char* op) {
-    switch (q.scalar_type()) {
-        case at::kBFloat16: return ElementType::bf16;
-        case at::kHalf: return ElementType::fp16;
-        default:
-            TORCH_CHECK(false, op, "q must be bfloat16 or float16, got ", q.scalar_type());
-    }
-}
-
-// A family's head dims for a message: "64, 96 or 128".
-template <typename Dims>
-std::string head_dim_list() {
-    std::string text;
-    for (size_t i = 0; i < Dims::values.size(); ++i) {
-        if (i > 0) text += i + 1 == Dims::values.size() ? " or " : ", ";
-        text += std::to_string(Dims::values[i]);
-    }
-    return text;
-}
-
-// The kernels keep the running max of unscaled scores, which bounds the scaled ones only for a
-// positive scale (tk.attention sends scale <= 0 to SDPA's math backend).
-void check_scale(double scale, const char* op) {
-    TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
-}
-
-// The kernels' causal diagonal (attention_params.h: key j visible to query i iff
-// j <= i + causal_offset): 0 is SDPA's is_causal (top-left), Lk - Lq its causal_lower_right.
-int causal_offset(bool is_causal, bool lower_right, int64_t len_q, int64_t len_kv, const char* op) {
-    TORCH_CHECK(is_causal || !lower_right, op,
-                "lower_right=True needs is_causal=True (it moves the causal diagonal to the "
-                "bottom-right corner; without is_causal there is no diagonal)");
-    return lower_right ? static_cast<int>(len_kv - len_q) : 0;  // both lengths fit in int (checked)
-}
-
-// The fields ForwardParams and BackwardParams share, filled from q, k and v in one place so a
-// swapped stride or length cannot creep into only one of them.
+// ForwardParams' and BackwardParams' fields beyond q, k and v's (qkv_fields.h).
 template <typename Params>
 void fill_common(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
                  int offset, double scale, ElementType dtype) {
-    p.q = q.const_data_ptr();
-    p.k = k.const_data_ptr();
-    p.v = v.const_data_ptr();
-    const auto qs = kernel_strides<4>(q), ks = kernel_strides<4>(k), vs = kernel_strides<4>(v);
-    p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
-    p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
-    p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
-    p.batch = static_cast<int>(q.size(0));
-    p.heads_q = static_cast<int>(q.size(1));
-    p.heads_kv = static_cast<int>(k.size(1));
-    p.len_q = static_cast<int>(q.size(2));
-    p.len_kv = static_cast<int>(k.size(2));
-    p.head_dim = static_cast<int>(q.size(3));
-    p.scale = static_cast<float>(scale);
+    fill_qkv_fields(p, q, k, v, scale, dtype);
     p.causal = is_causal;
     p.causal_offset = offset;
-    p.dtype = dtype;
-    p.multiprocessors = multiprocessor_count();
     p.l2_bytes = l2_cache_bytes();
 }
 
@@ -109,30 +51,8 @@ struct ForwardCall {
 template <typename Dims>
 ForwardCall check_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
                           double scale, bool lower_right, const char* op, const char* kernel) {
-    TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
-    check_operand(q, "q", q, op);
-    check_operand(k, "k", q, op);
-    check_operand(v, "v", q, op);
-    const ElementType dtype = element_type(q, op);
-
-    const int64_t batch = q.size(0), heads_q = q.size(1), len_q = q.size(2), head_dim = q.size(3);
-    const int64_t heads_kv = k.size(1), len_kv = k.size(2);
-    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, op, "batch sizes differ: q ", q.sizes(),
-                ", k ", k.sizes(), ", v ", v.sizes());
-    TORCH_CHECK(v.size(1) == heads_kv, op, "k and v must have the same number of heads, got k ",
-                k.sizes(), " and v ", v.sizes());
-    TORCH_CHECK(heads_q % heads_kv == 0, op, "q heads (", heads_q,
-                ") must be a multiple of k/v heads (", heads_kv, ")");
-    TORCH_CHECK(v.size(2) == len_kv, op, "k and v must have the same length, got k ", k.sizes(),
-                " and v ", v.sizes());
-    TORCH_CHECK(Dims::contains(head_dim), op, "q head_dim must be ", head_dim_list<Dims>(), kernel, ", got ",
-                head_dim);
-    TORCH_CHECK(k.size(3) == head_dim, op, "k head_dim (", k.size(3), ") must equal q head_dim (",
-                head_dim, ")");
-    TORCH_CHECK(v.size(3) == head_dim, op, "v head_dim (", v.size(3), ") must equal q head_dim (",
-                head_dim, ")");
-    check_scale(scale, op);
-    return {dtype, causal_offset(is_causal, lower_right, len_q, len_kv, op)};
+    const ElementType dtype = check_qkv<Dims>(q, k, v, scale, op, kernel);
+    return {dtype, causal_offset(is_causal, lower_right, q.size(2), k.size(2), op)};
 }
 
 // Under q's device guard (the params carry the device's facts): allocates out (q's shape,

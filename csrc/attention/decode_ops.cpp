@@ -7,13 +7,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include "attention/decode_params.h"
 #include "attention/head_dims.h"
+#include "attention/op_checks.h"
+#include "attention/qkv_fields.h"
 #include "device_facts.h"
 #include "operand_checks.h"
 
@@ -24,60 +24,13 @@ constexpr const char* kDecodeOp = "tk::attention_fwd_decode: ";
 constexpr const char* kKvcacheOp = "tk::attention_decode_kvcache: ";
 constexpr const char* kAppendOp = "tk::kvcache_append: ";
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
-    check_like(t, name, q, "q", op);
-    check_extents(t, name, 4, "(batch, heads, length, head_dim)", op);
-    check_row_layout(t, name, op);
-}
-
-ElementType element_type(const at::Tensor& q, const char* op) {
-    switch (q.scalar_type()) {
-        case at::kBFloat16: return ElementType::bf16;
-        case at::kHalf: return ElementType::fp16;
-        default: TORCH_CHECK(false, op, "q must be bfloat16 or float16, got ", q.scalar_type());
-    }
-}
-
-// q against k/v: batch, heads (GQA), head dims, the decode kernels' limits.
-void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const char* op) {
-    TORCH_CHECK(q.defined() && q.is_cuda(), op, "q must be a CUDA tensor");
-    check_operand(q, "q", q, op);
-    check_operand(k, "k", q, op);
-    check_operand(v, "v", q, op);
-    element_type(q, op);
-    const int64_t batch = q.size(0), heads_q = q.size(1), len_q = q.size(2), head_dim = q.size(3);
-    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, op, "batch sizes differ: q ", q.sizes(), ", k ",
-                k.sizes(), ", v ", v.sizes());
-    TORCH_CHECK(k.sizes() == v.sizes(), op, "k and v must have the same shape, got k ", k.sizes(), " and v ",
-                v.sizes());
-    TORCH_CHECK(heads_q % k.size(1) == 0, op, "q heads (", heads_q, ") must be a multiple of k/v heads (",
-                k.size(1), ")");
-    TORCH_CHECK(DecodeHeadDims::contains(head_dim), op, "head_dim must be 64, 96 or 128, got ", head_dim);
-    TORCH_CHECK(k.size(3) == head_dim, op, "k head_dim (", k.size(3), ") must equal q head_dim (", head_dim, ")");
-    TORCH_CHECK(len_q <= kDecodeMaxLenQ, op, "q length must be at most ", kDecodeMaxLenQ,
-                " (the decode kernels' query rows), got ", len_q);
-    TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
-}
-
-DecodeParams describe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
-    DecodeParams p{};
-    p.q = q.const_data_ptr();
-    p.k = k.const_data_ptr();
-    p.v = v.const_data_ptr();
-    const auto qs = kernel_strides<4>(q), ks = kernel_strides<4>(k), vs = kernel_strides<4>(v);
-    p.q_stride_b = qs[0], p.q_stride_h = qs[1], p.q_stride_l = qs[2];
-    p.k_stride_b = ks[0], p.k_stride_h = ks[1], p.k_stride_l = ks[2];
-    p.v_stride_b = vs[0], p.v_stride_h = vs[1], p.v_stride_l = vs[2];
-    p.batch = static_cast<int>(q.size(0));
-    p.heads_q = static_cast<int>(q.size(1));
-    p.heads_kv = static_cast<int>(k.size(1));
-    p.len_q = static_cast<int>(q.size(2));
-    p.len_kv = static_cast<int>(k.size(2));
-    p.head_dim = static_cast<int>(q.size(3));
-    p.scale = static_cast<float>(scale);
-    p.dtype = q.scalar_type() == at::kBFloat16 ? ElementType::bf16 : ElementType::fp16;
-    p.multiprocessors = multiprocessor_count();
-    return p;
+// q against k/v (op_checks.h), then the decode kernels' query rows. Returns q's element type.
+ElementType check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                         const char* op) {
+    const ElementType dtype = check_qkv<DecodeHeadDims>(q, k, v, scale, op, " (the decode kernels)");
+    TORCH_CHECK(q.size(2) <= kDecodeMaxLenQ, op, "q length must be at most ", kDecodeMaxLenQ,
+                " (the decode kernels' query rows), got ", q.size(2));
+    return dtype;
 }
 
 // Under q's device guard: out, lse and (split plans) the pieces' workspace, then the launch.
@@ -104,14 +57,13 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_decode_cuda(const at::Tensor& q
                                                              const at::Tensor& v, bool is_causal, double scale,
                                                              bool lower_right) {
     const char* op = kDecodeOp;
-    check_shapes(q, k, v, scale, op);
-    TORCH_CHECK(is_causal || !lower_right, op,
-                "lower_right=True needs is_causal=True (it moves the causal diagonal to the "
-                "bottom-right corner; without is_causal there is no diagonal)");
+    const ElementType dtype = check_shapes(q, k, v, scale, op);
+    const int offset = causal_offset(is_causal, lower_right, q.size(2), k.size(2), op);
     const c10::cuda::CUDAGuard device_guard(q.device());
-    DecodeParams p = describe(q, k, v, scale);
+    DecodeParams p{};
+    fill_qkv_fields(p, q, k, v, scale, dtype);
     p.causal = is_causal;
-    p.causal_offset = lower_right ? p.len_kv - p.len_q : 0;
+    p.causal_offset = offset;
     return run(p, q, op);
 }
 
@@ -130,12 +82,13 @@ std::tuple<at::Tensor, at::Tensor> attention_decode_kvcache_cuda(const at::Tenso
                                                                  const at::Tensor& cache_seqlens, int64_t seqlen_add,
                                                                  bool is_causal, double scale) {
     const char* op = kKvcacheOp;
-    check_shapes(q, k_cache, v_cache, scale, op);
+    const ElementType dtype = check_shapes(q, k_cache, v_cache, scale, op);
     check_seqlens(cache_seqlens, q, op);
     TORCH_CHECK(seqlen_add >= 0 && seqlen_add <= k_cache.size(2), op, "seqlen_add must be in [0, ",
                 k_cache.size(2), "], got ", seqlen_add);
     const c10::cuda::CUDAGuard device_guard(q.device());
-    DecodeParams p = describe(q, k_cache, v_cache, scale);
+    DecodeParams p{};
+    fill_qkv_fields(p, q, k_cache, v_cache, scale, dtype);
     p.seqlens = cache_seqlens.const_data_ptr<int>();
     p.seqlen_add = static_cast<int>(seqlen_add);
     p.causal = is_causal;
