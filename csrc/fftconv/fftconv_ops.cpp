@@ -70,6 +70,23 @@ void check_device(const at::Tensor& u, int shared_bytes, int64_t fft_size, const
                 " KiB; thunderkittens.fftconv uses torch.fft there");
 }
 
+// The fields both params structs take from u and the call (u checked by check_sequences).
+// Call it under u's device guard (the multiprocessors are the current device's).
+template <typename Params>
+void fill_sequence_fields(Params& p, const at::Tensor& u, int64_t fft_size, ElementType dtype) {
+    p.u = u.const_data_ptr();
+    const auto us = kernel_strides<3>(u);
+    p.u_stride_b = us[0], p.u_stride_h = us[1];
+    p.batch = static_cast<int>(u.size(0));
+    p.heads = static_cast<int>(u.size(1));
+    p.seqlen = static_cast<int>(u.size(2));
+    p.fft_size = static_cast<int>(fft_size);
+    p.dtype = dtype;
+    p.multiprocessors = multiprocessor_count();
+}
+
+cudaStream_t current_stream(const at::Tensor& u) { return at::cuda::getCurrentCUDAStream(u.device().index()).stream(); }
+
 at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
                                  const std::optional<at::Tensor>& pregate,
                                  const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate) {
@@ -96,9 +113,7 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
 
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
-    p.u = u.const_data_ptr();
-    const auto us = kernel_strides<3>(u);
-    p.u_stride_b = us[0], p.u_stride_h = us[1];
+    fill_sequence_fields(p, u, fft_size, dtype);
     if (pregate.has_value()) {
         p.pregate = pregate->const_data_ptr();
         const auto s = kernel_strides<3>(*pregate);
@@ -114,14 +129,7 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     p.y = y.mutable_data_ptr();
     const auto ys = kernel_strides<3>(y);
     p.y_stride_b = ys[0], p.y_stride_h = ys[1];
-    p.batch = static_cast<int>(u.size(0));
-    p.heads = static_cast<int>(u.size(1));
-    p.seqlen = static_cast<int>(u.size(2));
-    p.fft_size = static_cast<int>(fft_size);
-    p.dtype = dtype;
-    p.multiprocessors = multiprocessor_count();
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(u.device().index()).stream();
-    check_launch(fftconv_fwd_sm80(p, stream), kFwdOp);
+    check_launch(fftconv_fwd_sm80(p, current_stream(u)), kFwdOp);
     return y;
 }
 
@@ -133,21 +141,12 @@ at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor&
 
     at::Tensor grad = at::zeros({u.size(1), u.size(2)}, u.options().dtype(at::kFloat));
     FilterGradParams p{};
+    fill_sequence_fields(p, u, fft_size, dtype);
     p.dy = dy.const_data_ptr();
     const auto ds = kernel_strides<3>(dy);
     p.dy_stride_b = ds[0], p.dy_stride_h = ds[1];
-    p.u = u.const_data_ptr();
-    const auto us = kernel_strides<3>(u);
-    p.u_stride_b = us[0], p.u_stride_h = us[1];
     p.grad = grad.mutable_data_ptr<float>();
-    p.batch = static_cast<int>(u.size(0));
-    p.heads = static_cast<int>(u.size(1));
-    p.seqlen = static_cast<int>(u.size(2));
-    p.fft_size = static_cast<int>(fft_size);
-    p.dtype = dtype;
-    p.multiprocessors = multiprocessor_count();
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(u.device().index()).stream();
-    check_launch(fftconv_filter_grad_sm80(p, stream), kGradOp);
+    check_launch(fftconv_filter_grad_sm80(p, current_stream(u)), kGradOp);
     return grad;
 }
 
