@@ -48,15 +48,35 @@ class Config:
 
     @property
     def name(self) -> str:
-        heads = (f"h{self.heads_q}" if self.heads_q == self.heads_kv
-                 else f"hq{self.heads_q} hkv{self.heads_kv}")
         lengths = f"n{self.len_q}" if self.len_q == self.len_kv else f"lq{self.len_q} lk{self.len_kv}"
-        return f"b{self.batch} {heads} {lengths} d{self.head_dim} {'causal' if self.causal else 'full'}"
+        return (f"b{self.batch} {heads_label(self.heads_q, self.heads_kv)} {lengths} d{self.head_dim} "
+                f"{'causal' if self.causal else 'full'}")
 
     @property
     def forward_flops(self) -> float:
-        flops = 4.0 * self.batch * self.heads_q * self.len_q * self.len_kv * self.head_dim
+        flops = unmasked_flops(self)
         return flops / 2 if self.causal else flops
+
+
+# Shared with the decoding benchmark (decode.py), whose configs have the same shape fields.
+
+
+def heads_label(heads_q: int, heads_kv: int) -> str:
+    """A config name's heads: "h32" when every query head has its own key/value head, else
+    "hq32 hkv8"."""
+    return f"h{heads_q}" if heads_q == heads_kv else f"hq{heads_q} hkv{heads_kv}"
+
+
+def unmasked_flops(cfg) -> float:
+    """4 * B * Hq * Lq * Lk * D: the forward's two products over every query-key pair."""
+    return 4.0 * cfg.batch * cfg.heads_q * cfg.len_q * cfg.len_kv * cfg.head_dim
+
+
+def qkv_inputs(cfg, dtype: torch.dtype):
+    """q, k, v of ``cfg``'s shapes, (B, H, L, D) from torch.randn on the GPU."""
+    def randn(heads, length):
+        return torch.randn(cfg.batch, heads, length, cfg.head_dim, device="cuda", dtype=dtype)
+    return randn(cfg.heads_q, cfg.len_q), randn(cfg.heads_kv, cfg.len_kv), randn(cfg.heads_kv, cfg.len_kv)
 
 
 def _square(batch: int, n: int, head_dim: int, causal: bool) -> Config:
@@ -150,14 +170,6 @@ def implementations(kernel: str) -> dict[str, Impl]:
 # ---- running -------------------------------------------------------------------------------
 
 
-def _inputs(cfg: Config, dtype: torch.dtype, layout_blhd: bool):
-    def randn(heads, length):
-        if layout_blhd:
-            return torch.randn(cfg.batch, length, heads, cfg.head_dim, device="cuda", dtype=dtype)
-        return torch.randn(cfg.batch, heads, length, cfg.head_dim, device="cuda", dtype=dtype)
-    return randn(cfg.heads_q, cfg.len_q), randn(cfg.heads_kv, cfg.len_kv), randn(cfg.heads_kv, cfg.len_kv)
-
-
 def _pass_callable(pass_name: str, call, q, k, v, cfg: Config):
     if pass_name == "fwd":
         return lambda: call(q, k, v, cfg)
@@ -247,7 +259,7 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
     for pass_name in PASSES:
         for cfg in configs:
             torch.manual_seed(0)
-            bhld = _inputs(cfg, dtype, layout_blhd=False)
+            bhld = qkv_inputs(cfg, dtype)
             blhd = None
             results, inputs_of = {}, {}
             for name, impl in impls.items():

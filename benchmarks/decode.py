@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
 
+from .attention import heads_label, qkv_inputs, unmasked_flops
 from .report import error_record, relative_difference
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
@@ -52,7 +53,7 @@ class Config:
 
     @property
     def name(self) -> str:
-        heads = f"h{self.heads_q}" if self.heads_q == self.heads_kv else f"hq{self.heads_q} hkv{self.heads_kv}"
+        heads = heads_label(self.heads_q, self.heads_kv)
         return f"b{self.batch} {heads} lq{self.len_q} lk{self.len_kv} d{self.head_dim}"
 
     @property
@@ -61,7 +62,7 @@ class Config:
 
     @property
     def flops(self) -> float:
-        return 4.0 * self.batch * self.heads_q * self.len_q * self.len_kv * self.head_dim
+        return unmasked_flops(self)
 
 
 DECODE_CONFIGS = [Config(b, 32, kv, 1, n, d) for d in (128, 64) for kv in (8, 32) for b in (1, 8, 64)
@@ -101,9 +102,7 @@ def copy_gbps() -> float:
 
 def _inputs(cfg: Config):
     torch.manual_seed(0)
-    make = lambda heads, n: torch.randn(cfg.batch, heads, n, cfg.head_dim, device="cuda",  # noqa: E731
-                                        dtype=torch.bfloat16)
-    return make(cfg.heads_q, cfg.len_q), make(cfg.heads_kv, cfg.len_kv), make(cfg.heads_kv, cfg.len_kv)
+    return qkv_inputs(cfg, torch.bfloat16)
 
 
 def _measure(impls: dict, cfg: Config, quick: bool, metric: str) -> dict:
