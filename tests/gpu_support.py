@@ -1,6 +1,6 @@
-"""What the GPU tests of tk.based and tk.fftconv share: when a module must run (its skips), seeds,
-the float64 references the kernels are held to, and the tolerance checks built on them; and, for
-their CPU tests, a stand-in kernel on a pretended GPU.
+"""What the GPU tests of tk.based and tk.fftconv share: when a module must run (its skips), seeds
+(used by the decoding tests too), the float64 references the kernels are held to, and the
+tolerance checks built on them; and, for the CPU tests, stand-in kernels on a pretended GPU.
 
 The references here are written from the definitions, not taken from the package
 (thunderkittens/_based/reference.py, _fftconv/reference.py), so the GPU tests do not compare the

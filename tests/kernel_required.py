@@ -13,6 +13,7 @@ import thunderkittens as tk
 FAMILY_GPUS = {
     ("attention", "sm90"): ("an sm_90 GPU (H100 / H200)", lambda capability: capability == (9, 0)),
     ("attention", "sm80"): ("an sm_80 or newer GPU", lambda capability: capability >= (8, 0)),
+    ("attention", "decode"): ("an sm_80 or newer GPU", lambda capability: capability >= (8, 0)),
     ("matmul", "sm90"): ("an sm_90 GPU (H100 / H200)", lambda capability: capability == (9, 0)),
 }
 

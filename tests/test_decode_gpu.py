@@ -9,7 +9,6 @@ naming no kernel fails the module.
 """
 
 import math
-import zlib
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from differential.tolerance import assert_close
+from gpu_support import seeded
+from kernel_required import require_kernel, skip_unless_gpu_for
 from reference import reference_attention, sdpa_causal_lower_right
 
 pytestmark = pytest.mark.gpu
@@ -27,21 +28,11 @@ LSE_ATOL = 5e-5  # as test_attention_gpu.py
 
 @pytest.fixture(scope="module", autouse=True)
 def decode_kernel_runs_here():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the decode kernel needs sm_80 or newer")
+    skip_unless_gpu_for("attention", "decode")
     q = torch.randn(1, 4, 1, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 1, 512, 128, device="cuda", dtype=torch.bfloat16)
     with tk.use_kernel("decode"):
-        plan = tk.explain(q, k, k, enable_gqa=True)
-    if not plan.uses_kernel:
-        pytest.fail(f"this GPU should run the decode kernel, but explain says: {plan} ({tk.build_summary()})",
-                    pytrace=False)
-
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
+        require_kernel(tk.explain(q, k, k, enable_gqa=True), "attention", "decode")
 
 
 def randn(*shape, dtype):

@@ -7,7 +7,6 @@ PyTorch path on the GPU.
 """
 
 import math
-import zlib
 
 import pytest
 import torch
@@ -15,6 +14,8 @@ import torch.nn.functional as F
 
 import thunderkittens as tk
 from differential.tolerance import assert_close
+from gpu_support import seeded
+from kernel_required import require_kernel, skip_unless_gpu_for
 from reference import lower_right_bias
 
 pytestmark = pytest.mark.gpu
@@ -22,20 +23,11 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module", autouse=True)
 def kvcache_kernel_runs_here():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    if torch.cuda.get_device_capability() < (8, 0):
-        pytest.skip("the decode kernel needs sm_80 or newer")
+    skip_unless_gpu_for("attention", "decode")
     q = torch.randn(1, 4, 1, 128, device="cuda", dtype=torch.bfloat16)
     cache = torch.randn(1, 1, 64, 128, device="cuda", dtype=torch.bfloat16)
     plan = tk.explain_kvcache(q, cache, cache, torch.zeros(1, dtype=torch.int32, device="cuda"))
-    if not plan.uses_kernel:
-        pytest.fail(f"this GPU should run the decode kernel, but explain_kvcache says: {plan} "
-                    f"({tk.build_summary()})", pytrace=False)
-
-
-def seeded(*key):
-    torch.manual_seed(zlib.crc32(repr(key).encode()))
+    require_kernel(plan, "attention", "decode")
 
 
 def make_caches(batch, heads_kv, capacity, head_dim, dtype, lengths, layout_bshd=False):
