@@ -71,21 +71,30 @@ def require_kernel_op(family, op_name, probe):
 
 
 @contextlib.contextmanager
-def kernel_standin(monkeypatch, op_name, family, standin):
-    """``standin`` as the CPU implementation of torch.ops.tk.<op_name>, with the package believing
-    that a build with ``family`` and sm_90a code runs on an sm_90 GPU (whatever this build's targets): CPU tests reach the kernel path
-    and see what it hands the op. Undone on exit."""
+def kernel_standins(monkeypatch, family, standins):
+    """``standins`` ({op name: callable}) as the CPU implementations of torch.ops.tk.<op name>,
+    with the package believing that a build with ``family`` and sm_90a code runs on an sm_90 GPU
+    (whatever this build's targets): CPU tests reach the kernel path and see what it hands the
+    ops. Undone on exit."""
     from conftest import pretend_gpu, pretend_sm90_build
 
     library = torch.library.Library("tk", "IMPL")
-    library.impl(op_name, standin, "CPU")
+    for op_name, standin in standins.items():
+        library.impl(op_name, standin, "CPU")
     pretend_sm90_build(monkeypatch, family)
     pretend_gpu(monkeypatch, (9, 0))
     try:
-        yield standin
+        yield
     finally:
         library._destroy()
         torch._dynamo.reset()
+
+
+@contextlib.contextmanager
+def kernel_standin(monkeypatch, op_name, family, standin):
+    """kernel_standins for one op; yields ``standin``."""
+    with kernel_standins(monkeypatch, family, {op_name: standin}):
+        yield standin
 
 
 def seeded(*key):

@@ -12,8 +12,7 @@ import torch
 import thunderkittens as tk
 from thunderkittens._based import step as step_module
 
-from conftest import pretend_gpu, pretend_sm90_build
-from gpu_support import feature_map, with_ones
+from gpu_support import feature_map, kernel_standins, with_ones
 
 SCALE = 0.25
 
@@ -127,16 +126,9 @@ class StepStandIn:
 @pytest.fixture
 def cpu_step(monkeypatch):
     standin = StepStandIn()
-    library = torch.library.Library("tk", "IMPL")
-    library.impl("based_step_sm80", standin.functional, "CPU")
-    library.impl("based_step_inplace_sm80", standin.inplace, "CPU")
-    pretend_sm90_build(monkeypatch, "based")
-    pretend_gpu(monkeypatch, (9, 0))
-    try:
+    with kernel_standins(monkeypatch, "based", {"based_step_sm80": standin.functional,
+                                                "based_step_inplace_sm80": standin.inplace}):
         yield standin
-    finally:
-        library._destroy()
-        torch._dynamo.reset()
 
 
 KERNEL = "kernel tk.{op} [sm80 CUDA cores]"

@@ -9,7 +9,7 @@ import torch
 import thunderkittens as tk
 from thunderkittens._fftconv import plan, reference
 
-from gpu_support import kernel_standin
+from gpu_support import kernel_standins
 
 
 def make(b=2, h=3, n=40, nk=None, dtype=torch.float64, seed=0, gates=False, requires_grad=False):
@@ -138,13 +138,9 @@ class FilterGradStandIn:
 def cpu_fftconv(monkeypatch):
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
     standin = ForwardStandIn()
-    library = torch.library.Library("tk", "IMPL")
-    library.impl("fftconv_filter_grad_sm80", standin.filter_grad, "CPU")
-    try:
-        with kernel_standin(monkeypatch, "fftconv_fwd_sm80", "fftconv", standin):
-            yield standin
-    finally:
-        library._destroy()
+    with kernel_standins(monkeypatch, "fftconv", {"fftconv_fwd_sm80": standin,
+                                                  "fftconv_filter_grad_sm80": standin.filter_grad}):
+        yield standin
 
 
 def test_filter_spectrum_is_the_rfft():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import thunderkittens as tk
-from conftest import pretend_gpu, pretend_sm90_build
+from gpu_support import kernel_standins
 
 
 def reference(q, k_cache, v_cache, lengths, is_causal, scale):
@@ -173,15 +173,8 @@ def kvcache_kernel(monkeypatch):
         out = reference(q, k_cache, v_cache, lengths, is_causal, scale).to(q.dtype)
         return out, torch.zeros(q.shape[:3])
 
-    library = torch.library.Library("tk", "IMPL")
-    library.impl("kvcache_append", append, "CPU")
-    library.impl("attention_decode_kvcache", attend, "CPU")
-    pretend_sm90_build(monkeypatch, "attention")
-    pretend_gpu(monkeypatch, (9, 0))
-    try:
+    with kernel_standins(monkeypatch, "attention", {"kvcache_append": append, "attention_decode_kvcache": attend}):
         yield calls
-    finally:
-        library._destroy()
 
 
 def test_kernel_path_appends_then_attends(kvcache_kernel):
