@@ -215,6 +215,15 @@ def make_gates(shape, dtype, gates):
     return pre, post
 
 
+def fftconv_inputs(batch, heads, n, dtype, gates="none", filter_length=None, filter_dtype=torch.float32):
+    """(u, k, pregate, postgate): u (batch, heads, n) from torch.randn, a make_filter of
+    ``filter_length`` (default n) per head, and make_gates(u.shape, dtype, gates)."""
+    u = torch.randn(batch, heads, n, device="cuda", dtype=dtype)
+    k = make_filter(heads, n if filter_length is None else filter_length, filter_dtype)
+    pre, post = make_gates(u.shape, dtype, gates)
+    return u, k, pre, post
+
+
 def fftconv_reference(u, k, pregate=None, postgate=None):
     """float64 causal convolution y[t] = sum_{s <= t} u[s] k[t - s] (times the gates), by FFT of
     length 2N, in chunks of heads to bound memory; differentiable."""

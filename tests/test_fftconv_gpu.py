@@ -41,8 +41,8 @@ import pytest
 import torch
 
 import thunderkittens as tk
-from gpu_support import (fftconv_reference as reference, kernel_length, make_filter, make_gates,
-                         require_family_gpu, seeded)
+from gpu_support import (fftconv_inputs, fftconv_reference as reference, kernel_length, make_filter,
+                         make_gates, require_family_gpu, seeded)
 from thunderkittens import _extension
 from thunderkittens._fftconv import api as fftconv_api
 from thunderkittens._fftconv import plan as fftconv_plan
@@ -155,9 +155,7 @@ def assert_close(y, u, k, pregate=None, postgate=None):
 @pytest.mark.parametrize("n", KERNEL_LENGTHS)
 def test_every_kernel_length(n, dtype, gates):
     seeded("length", n, dtype, gates)
-    u = torch.randn(3, 5, n, device="cuda", dtype=dtype)
-    k = make_filter(5, n)
-    pre, post = make_gates(u.shape, dtype, gates)
+    u, k, pre, post = fftconv_inputs(3, 5, n, dtype, gates)
     y = on_kernel(u, k, pre, post)
     assert y.is_contiguous()
     assert_close(y, u, k, pre, post)
@@ -169,9 +167,7 @@ def test_every_kernel_length(n, dtype, gates):
 def test_lengths_between_kernel_lengths(n, dtype, gates):
     """Zero-padded up to the next kernel length (and to a multiple of 8) inside the op."""
     seeded("between", n, dtype, gates)
-    u = torch.randn(3, 2, n, device="cuda", dtype=dtype)
-    k = make_filter(2, n)
-    pre, post = make_gates(u.shape, dtype, gates)
+    u, k, pre, post = fftconv_inputs(3, 2, n, dtype, gates)
     assert_close(on_kernel(u, k, pre, post), u, k, pre, post)
 
 
@@ -181,9 +177,7 @@ def test_lengths_between_kernel_lengths(n, dtype, gates):
 def test_filters_shorter_than_the_sequence(filter_length, n, dtype):
     seeded("short", filter_length, n, dtype)
     nk = n // 2 if filter_length == "half" else int(filter_length)
-    u = torch.randn(2, 3, n, device="cuda", dtype=dtype)
-    k = make_filter(3, nk)
-    pre, post = make_gates(u.shape, dtype, "both")
+    u, k, pre, post = fftconv_inputs(2, 3, n, dtype, "both", filter_length=nk)
     assert_close(on_kernel(u, k), u, k)
     assert_close(on_kernel(u, k, pre, post), u, k, pre, post)
 
@@ -249,9 +243,7 @@ def test_batch_times_heads_beyond_65535():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_float_inputs_go_to_torch_fft(dtype):
     seeded("float", dtype)
-    u = torch.randn(2, 3, 1000, device="cuda", dtype=dtype)
-    k = make_filter(3, 1000, dtype)
-    pre, post = make_gates(u.shape, dtype, "both")
+    u, k, pre, post = fftconv_inputs(2, 3, 1000, dtype, "both", filter_dtype=dtype)
     reason = f"dtype {dtype} is not supported by the kernel (bfloat16 and float16 only)"
     plan = tk.explain_fftconv(u, k, pre, post)
     assert not plan.uses_kernel and str(plan) == f"fallback torch.fft: {reason}"
@@ -267,9 +259,7 @@ def test_float_inputs_go_to_torch_fft(dtype):
 def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
     """Blocks of the longest kernel length (2 .. 4 of them, the last one short or whole)."""
     seeded("blocks", n, nk, dtype, gates)
-    u = torch.randn(2, 3, n, device="cuda", dtype=dtype)
-    k = make_filter(3, nk)
-    pre, post = make_gates(u.shape, dtype, gates)
+    u, k, pre, post = fftconv_inputs(2, 3, n, dtype, gates, filter_length=nk)
     assert_close(on_kernel(u, k, pre, post), u, k, pre, post)
     with torch.no_grad():
         assert_close(tk.FFTConv(n)(u, k, pre, post), u, k, pre, post)

@@ -38,7 +38,7 @@ import pytest
 import torch
 
 import thunderkittens  # noqa: F401  (loads the extension: registers torch.ops.tk.*)
-from gpu_support import (fftconv_reference as reference, kernel_length, make_filter, make_gates,
+from gpu_support import (fftconv_inputs, fftconv_reference as reference, kernel_length, make_filter,
                          require_kernel_op, seeded)
 
 pytestmark = pytest.mark.gpu
@@ -111,10 +111,7 @@ def call_on_poisoned_memory(u, spectrum, pregate, postgate, fft_size):
 @pytest.mark.parametrize("n", KERNEL_LENGTHS)
 def test_matches_reference(n, dtype, gates):
     seeded("ref", n, dtype, gates)
-    batch, heads = 3, 5  # odd batch: the last pair has one real sequence
-    u = torch.randn(batch, heads, n, device="cuda", dtype=dtype)
-    k = make_filter(heads, n)
-    pre, post = make_gates(u.shape, dtype, gates)
+    u, k, pre, post = fftconv_inputs(3, 5, n, dtype, gates)  # odd batch: the last pair has one real sequence
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
     y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n)
     assert y.is_contiguous()
@@ -138,9 +135,7 @@ def test_short_filters(n, dtype, filter_length):
 @pytest.mark.parametrize("n", [1, 8, 17, 255, 264, 300, 1000, 1025, 2040, 2049, 3000, 4095])
 def test_lengths_between_kernel_lengths(n, dtype):
     seeded("between", n, dtype)
-    u = torch.randn(3, 2, n, device="cuda", dtype=dtype)
-    k = make_filter(2, n)
-    pre, post = make_gates(u.shape, dtype, "both")
+    u, k, pre, post = fftconv_inputs(3, 2, n, dtype, "both")
     assert_close(fftconv(u, k, pre, post), u, k, pre, post)
 
 
@@ -175,10 +170,7 @@ def test_many_tasks_per_block(n, batch):
     """Enough (head, pair) tasks that every persistent block runs many, through its cp.async
     ring, changing heads (and the filter's spectrum) every 1, 3 or 16 tasks."""
     seeded("many", n, batch)
-    heads = 2048 * 256 // n
-    u = torch.randn(batch, heads, n, device="cuda", dtype=torch.bfloat16)
-    k = make_filter(heads, n)
-    pre, post = make_gates(u.shape, torch.bfloat16, "both")
+    u, k, pre, post = fftconv_inputs(batch, 2048 * 256 // n, n, torch.bfloat16, "both")
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
     y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n)
     assert_close(y, u, k, pre, post)
@@ -250,9 +242,7 @@ def correlation_reference(u, k, pregate=None, postgate=None):
 @pytest.mark.parametrize("n", KERNEL_LENGTHS)
 def test_conjugate_spectrum_is_the_correlation(n, dtype, gates):
     seeded("correlation", n, dtype, gates)
-    u = torch.randn(3, 4, n, device="cuda", dtype=dtype)
-    k = make_filter(4, n)
-    pre, post = make_gates(u.shape, dtype, gates)
+    u, k, pre, post = fftconv_inputs(3, 4, n, dtype, gates)
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
     poison = torch.full(u.shape, math.nan, dtype=dtype, device="cuda")
     address = poison.data_ptr()
