@@ -117,7 +117,7 @@ def test_fake_implementation_gives_the_forward_contract():
 
 
 def test_compiled_call_runs_the_decode_op(decode_kernel):
-    q, k, v = qkv(1, 512)
+    q, k, v = qkv(1, decode.AUTO_MIN_LEN_KV)
     compiled = torch.compile(lambda q, k, v: tk.attention(q, k, v, enable_gqa=True), fullgraph=True,
                              backend="aot_eager")
     out = compiled(q, k, v)
