@@ -1,6 +1,8 @@
 """Attention: tk.attention against SDPA's backends (cuDNN, FlashAttention-2, memory-efficient,
-default choice) and any peer package installed, on the usual FlashAttention benchmark shapes
-and on shapes users hand to plain SDPA.
+default choice) and any peer package installed (FlashAttention-2's flash-attn as "flash_attn",
+FlashAttention-4's flash-attn-4 as "fa4"), on the usual FlashAttention benchmark shapes and on
+shapes users hand to plain SDPA. FlashAttention-4 compiles each variant at its first call, which
+the untimed first call of every measurement absorbs.
 
 TFLOP/s use the usual convention: 4 * B * Hq * Lq * Lk * D for the forward pass, halved when
 causal; a fwd+bwd pass ("fwdbwd": out = attention(q, k, v); out.backward(grad)) counts 3.5x the
@@ -138,18 +140,50 @@ def _ours(kernel: str) -> Impl:
     return context, call
 
 
+# Peer packages that take (B, L, H, D) inputs and return (B, L, H, D) outputs.
+BLHD_PEERS = ("flash_attn", "fa4", "fa4_split")
+
+
+def blhd_inputs(q, k, v) -> tuple:
+    """(B, H, L, D) q, k, v as contiguous (B, L, H, D) copies, for BLHD_PEERS."""
+    return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+
+def fa4_attention(log=print) -> Callable | None:
+    """FlashAttention-4 (flash-attn-4: flash_attn.cute.flash_attn_func) returning the output
+    alone, or None where it is not installed; an installed one that fails to import (its CuTe
+    DSL runtime) is logged and left out: it is a peer, never required."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ModuleNotFoundError as error:
+        if error.name in ("flash_attn", "flash_attn.cute"):
+            return None
+        log(f"  fa4 not measured: {type(error).__name__}: {error}")
+        return None
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        log(f"  fa4 not measured: {type(error).__name__}: {error}")
+        return None
+
+    def attention(q, k, v, **kwargs):
+        out = flash_attn_func(q, k, v, **kwargs)
+        return out[0] if isinstance(out, tuple) else out  # (out, lse) in current versions
+
+    return attention
+
+
 def _optional_peers() -> dict[str, Impl]:
-    """Peer packages measured when installed (they take (B, L, H, D) inputs)."""
+    """Peer packages measured when installed (BLHD_PEERS)."""
     peers: dict[str, Impl] = {}
     try:
         from flash_attn import flash_attn_func
-    except ImportError:
-        return peers
-
-    def call(q, k, v, cfg: Config):
-        return flash_attn_func(q, k, v, causal=cfg.causal)
-
-    peers["flash_attn"] = (contextlib.nullcontext, call)
+    except ImportError:  # not installed, or only flash-attn-4 (no FlashAttention-2 at the top)
+        pass
+    else:
+        peers["flash_attn"] = (contextlib.nullcontext,
+                               lambda q, k, v, cfg: flash_attn_func(q, k, v, causal=cfg.causal))
+    fa4 = fa4_attention()
+    if fa4 is not None:
+        peers["fa4"] = (contextlib.nullcontext, lambda q, k, v, cfg: fa4(q, k, v, causal=cfg.causal))
     return peers
 
 
@@ -263,8 +297,8 @@ def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bf
             blhd = None
             results, inputs_of = {}, {}
             for name, impl in impls.items():
-                if name == "flash_attn":
-                    blhd = blhd or tuple(t.transpose(1, 2).contiguous() for t in bhld)
+                if name in BLHD_PEERS:
+                    blhd = blhd or blhd_inputs(*bhld)
                     inputs_of[name] = blhd
                 else:
                     inputs_of[name] = bhld

@@ -5,7 +5,10 @@ Pass "decode": one query token (Lq = 1), batch 1 / 8 / 64 x Lk 2k .. 128k, GQA 3
 32/32, d64 and d128, bf16, (B, H, L, D) inputs from torch.randn; configs whose K and V exceed
 MAX_CACHE_BYTES are left out. "tk" is tk.attention(q, k, v, enable_gqa=...) in strict mode (auto
 picks the decode kernel); "sdpa_default" is F.scaled_dot_product_attention's own choice,
-"sdpa_flash" its FlashAttention-2 backend (enable_gqa where the heads differ). Ours and the
+"sdpa_flash" its FlashAttention-2 backend (enable_gqa where the heads differ); where
+flash-attn-4 is installed, "fa4" is FlashAttention-4 as called by default (one split of the
+cache) and "fa4_split" with its own split heuristic (num_splits=0, its decoding mode), on
+(B, L, H, D) copies of the inputs, warmed up (compiled) by the untimed first call. Ours and the
 fastest peer of a first sweep are then timed again in alternating rounds
 (timing.interleaved_median_ms), and those two times are recorded. GB/s = the bytes of K and V
 (2 * B * Hkv * Lk * D * 2) over the time: what a decoding step must read at least once.
@@ -32,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
 
-from .attention import heads_label, qkv_inputs, unmasked_flops
+from .attention import BLHD_PEERS, blhd_inputs, fa4_attention, heads_label, qkv_inputs, unmasked_flops
 from .report import error_record, relative_difference
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 
@@ -88,6 +91,17 @@ def _tk(kernel):
     return call
 
 
+def _fa4(attention, num_splits: int):
+    def call(q, k, v, cfg):  # (B, L, H, D) in; the output viewed as (B, H, L, D) for the comparison
+        return attention(q, k, v, num_splits=num_splits).transpose(1, 2)
+    return call
+
+
+def _fa4_impls(log) -> dict:
+    attention = fa4_attention(log)
+    return {} if attention is None else {"fa4": _fa4(attention, 1), "fa4_split": _fa4(attention, 0)}
+
+
 def _forward_family() -> str:
     return "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80"
 
@@ -107,7 +121,9 @@ def _inputs(cfg: Config):
 
 def _measure(impls: dict, cfg: Config, quick: bool, metric: str) -> dict:
     q, k, v = _inputs(cfg)
-    fns = {name: (lambda call=call: call(q, k, v, cfg)) for name, call in impls.items()}
+    blhd = blhd_inputs(q, k, v) if any(name in BLHD_PEERS for name in impls) else None
+    fns = {name: (lambda call=call, args=blhd if name in BLHD_PEERS else (q, k, v): call(*args, cfg))
+           for name, call in impls.items()}
     results, outputs = {}, {}
     with torch.no_grad():
         for name, fn in fns.items():
@@ -133,7 +149,7 @@ def _measure(impls: dict, cfg: Config, quick: bool, metric: str) -> dict:
         r["tflops"] = cfg.flops / (r["ms"] * 1e-3) / 1e12
         if name in outputs and ours in outputs:
             r["relative_difference"] = relative_difference(outputs[name], outputs[ours].float())
-    del q, k, v, outputs
+    del q, k, v, blhd, outputs
     return results
 
 
@@ -156,7 +172,8 @@ def _record(pass_name: str, cfg: Config, results: dict, ours: str, metric: str, 
 def run(kernel: str = "auto", quick: bool = False, log=print) -> tuple[list[dict], list[str]]:
     copy = copy_gbps()
     log(f"  copy bandwidth: {copy:.0f} GB/s (read + written)")
-    decode_impls = {OURS: _tk(kernel), "sdpa_default": _sdpa(None), "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
+    decode_impls = {OURS: _tk(kernel), "sdpa_default": _sdpa(None), "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
+                    **_fa4_impls(log)}
     records = []
     for cfg in QUICK_DECODE if quick else DECODE_CONFIGS:
         records.append(_record("decode", cfg, _measure(decode_impls, cfg, quick, "gbps"), OURS, "gbps", copy))
@@ -171,4 +188,5 @@ def run(kernel: str = "auto", quick: bool = False, log=print) -> tuple[list[dict
         r = records[-1]
         log(f"  crossover {cfg.name}: " + " ".join(
             f"{n}={x['ms'] * 1e3:.1f}us" if "ms" in x else f"{n}=-" for n, x in r["results"].items()))
-    return records, [OURS, "sdpa_default", "sdpa_flash", "tk_decode", "tk_forward"]
+    return records, [OURS, "sdpa_default", "sdpa_flash", *(n for n in decode_impls if n.startswith("fa4")),
+                     "tk_decode", "tk_forward"]

@@ -25,6 +25,8 @@ LABELS = {
     "sdpa_flash": "SDPA FlashAttention-2",
     "sdpa_efficient": "SDPA memory-efficient",
     "flash_attn": "flash-attn",
+    "fa4": "FlashAttention-4",
+    "fa4_split": "FlashAttention-4 split-KV",
     "cublas": "cuBLAS",
     "fla_parallel": "fla parallel_based",
     "fla_fused_chunk": "fla fused_chunk_based",
