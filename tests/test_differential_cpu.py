@@ -13,7 +13,7 @@ went to each path, and fails if a kernel path the stand-ins make available was n
 import torch
 import pytest
 
-from differential import runner
+from differential import runner, standins
 from differential.attention import AttentionCase, check_case
 from differential.environment import Environment, PathCounts
 from differential.settings import SEED, profile_named
@@ -143,3 +143,25 @@ def test_matmul_fake_tensors(cpu_matmul, report):
 
 def test_matmul_compile(cpu_matmul, report):
     run("matmul_compile", Environment.cpu(matmul_stand_in=True), report)
+
+
+# ---- Based and FFT conv ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prop", ["based", "based_step", "fftconv"])
+def test_based_fftconv_fallback(prop, report):
+    counts = run(prop, Environment.cpu(), report, label=f"{prop} (PyTorch)",
+                 examples=PROFILE.examples_for(prop) // 2)
+    only_fallback(counts)
+
+
+@pytest.mark.parametrize("prop", ["based", "based_step", "fftconv"])
+def test_based_fftconv_kernel_stand_ins(prop, monkeypatch, report):
+    family = "fftconv" if prop == "fftconv" else "based"
+    with standins.kernel_stand_ins(monkeypatch, family) as stand_in:
+        counts = run(prop, standins.environment(family), report, label=f"{prop} (stand-in kernels)",
+                     op_stand_in=stand_in)
+    assert counts.reached("kernel") > 0, f"no case ran on the {prop} kernel: {dict(counts.counts)}"
+    assert counts.reached("fallback") > 0, f"no case ran on the {prop} fallback: {dict(counts.counts)}"
+    if prop != "based_step":
+        assert counts.counts["kernel+backward"] > 0, f"no gradient ran on the kernels: {dict(counts.counts)}"
+        assert stand_in.backward_calls, "the kernel path's gradients never reached a backward op"

@@ -1,11 +1,11 @@
 """The differential suite's long profile on the GPU (tests/differential/): thousands of random
-tk.attention and tk.matmul calls, on the kernels (every family forced in turn with use_kernel,
-and auto) and the fallbacks, forward and backward, over dtypes, head dims, GQA ratios, odd and
+tk.attention, tk.matmul, tk.based, tk.based_step and tk.fftconv calls, on the kernels (every
+attention family forced in turn with use_kernel, and auto) and the fallbacks, forward and backward, over dtypes, head dims, GQA ratios, odd and
 unequal lengths, mask kinds, scales, operand layouts (transposed, fused QKV slices, offset and
 strided slices, expanded views), side streams and, with two GPUs, the second device; each
 against a float64 reference within PyTorch's own error (tests/differential/tolerance.py).
 
-Each property is split into shards (settings.py: the ``gpu`` profile's 3,560 cases in 32
+Each property is split into shards (settings.py: the ``gpu`` profile's 4,560 cases in 42
 shards, most cases small), each a test of its own, so the test workers run them in parallel;
 shard i draws its cases from seed TK_FUZZ_SEED + i * 1000003. A shard runs in the test worker's
 case server (differential/worker.py: a kernel fault poisons a process's CUDA context, so it
@@ -24,6 +24,7 @@ import torch
 
 import thunderkittens as tk
 from differential import runner
+from differential.based import family_runs
 from differential.environment import Environment, PathCounts
 from differential.settings import SEED, profile_named, shard_seed
 from kernel_required import gpu_is_for
@@ -96,6 +97,10 @@ def test_differential(prop, shard, env, record_property, request):
         require(sum(counts.reached(f) for f in families) > 0, "no case ran on a kernel", counts)
     elif prop == "attention_dropout":
         assert counts.reached("fallback") == counts.total, dict(counts.counts)
+    elif prop in ("based", "based_step", "fftconv") and family_runs(env, prop.split("_")[0]):
+        require(counts.reached("kernel") > 0, f"no case ran on the {prop} kernel", counts)
+        if prop != "based_step":
+            require(counts.counts["kernel+backward"] > 0, f"no gradient ran on the {prop} kernels", counts)
     elif prop == "matmul" and env.matmul_kernel_runs():
         require(counts.reached("kernel") > 0, "no case ran on the matmul kernel", counts)
         require(counts.counts["kernel+backward"] > 0, "no gradient ran on the matmul kernel", counts)

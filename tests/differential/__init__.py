@@ -9,6 +9,9 @@ Modules:
                offset and strided slices, expanded views)
   attention    tk.attention cases: strategies, the float64 reference, PyTorch's yardstick, checks
   matmul       the same for tk.matmul
+  based        the same for tk.based and tk.based_step
+  fftconv      the same for tk.fftconv (and tk.FFTConv)
+  standins     CPU stand-ins of the Based and FFT-conv kernel ops (the CPU profile's kernel paths)
   invalid      invalid calls (one argument broken) and the errors they must raise
   runner       the properties (hypothesis tests, sharded) and the per-path case counts; also
                runs one property by hand (``python -m differential``, also the way to run a

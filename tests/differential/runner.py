@@ -22,7 +22,7 @@ import traceback
 
 from hypothesis import example, given, seed
 
-from . import attention, invalid, matmul
+from . import attention, based, fftconv, invalid, matmul
 from .environment import Environment, PathCounts
 from .settings import PROFILES, SHRINK_BUDGET_S, Profile, hypothesis_settings, shard_seed
 
@@ -42,6 +42,9 @@ PROPERTIES = {
     "matmul_fake": "cpu",
     "matmul_compile": "cpu",
     "matmul_validation": "cpu",
+    "based": "any",
+    "based_step": "any",
+    "fftconv": "any",
 }
 
 GPU_PROPERTIES = tuple(name for name, where in PROPERTIES.items() if where == "any")
@@ -73,7 +76,19 @@ def _guarded(check, case) -> None:
 
 
 def _strategy_and_check(name: str, profile: Profile, env: Environment, stand_in, matmul_stand_in,
-                        counts: PathCounts):
+                        counts: PathCounts, op_stand_in=None):
+    if name == "based":
+        return (based.based_cases(profile, env),
+                lambda case: based.check_case(case, env, counts, stand_in=op_stand_in),
+                based.coverage_cases())
+    if name == "based_step":
+        return (based.step_cases(profile, env),
+                lambda case: based.check_step(case, env, counts, stand_in=op_stand_in),
+                based.step_coverage_cases())
+    if name == "fftconv":
+        return (fftconv.fftconv_cases(profile, env),
+                lambda case: fftconv.check_case(case, env, counts, stand_in=op_stand_in),
+                fftconv.coverage_cases())
     if name in ("attention", "attention_misaligned", "attention_no_key_rows", "attention_dropout"):
         kinds = dict(misaligned=name == "attention_misaligned",
                      no_key_rows=name == "attention_no_key_rows", dropout=name == "attention_dropout")
@@ -102,12 +117,13 @@ def _strategy_and_check(name: str, profile: Profile, env: Environment, stand_in,
 
 
 def run_property(name: str, profile: Profile, env: Environment, counts: PathCounts | None = None,
-                 *, stand_in=None, matmul_stand_in=None, max_examples: int | None = None,
-                 shard: int | None = None) -> PathCounts:
+                 *, stand_in=None, matmul_stand_in=None, op_stand_in=None,
+                 max_examples: int | None = None, shard: int | None = None) -> PathCounts:
     """Runs property ``name`` (raises on the minimal failing example); returns the path counts.
     shard: run only that shard of the profile's (its cases, from its seed); default all of
     them in one run from the seed of shard 0. stand_in / matmul_stand_in: the cpu_kernel /
-    cpu_matmul fixtures' stand-ins (their calls are checked against tk.explain)."""
+    cpu_matmul fixtures' stand-ins (their calls are checked against tk.explain); op_stand_in:
+    differential.standins' for the based, based_step and fftconv properties."""
     counts = counts if counts is not None else PathCounts(name)
     if shard is None:
         examples, case_seed = max_examples or profile.examples_for(name), shard_seed(0)
@@ -123,7 +139,7 @@ def run_property(name: str, profile: Profile, env: Environment, counts: PathCoun
                             max(2, examples // len(mutations)), case_seed)
         return counts
     strategy, check, explicit = _strategy_and_check(name, profile, env, stand_in, matmul_stand_in,
-                                                    counts)
+                                                    counts, op_stand_in)
     _run_hypothesis(name, strategy, check, examples, case_seed, explicit)
     return counts
 

@@ -2,7 +2,7 @@
 
 A profile fixes how many cases each property runs, in how many shards, and how large they may
 be. ``cpu`` is the short profile of the CPU suite (well under a minute), ``gpu`` the long one of
-the GPU check (about 3,500 cases in 32 shards, run in parallel by the test workers: most cases
+the GPU check (about 4,500 cases in 42 shards, run in parallel by the test workers: most cases
 small, a tenth up to the long lengths), ``smoke`` a tenth of ``gpu`` in one shard per property
 for trying a change, ``sanitize`` a small sample for compute-sanitizer. TK_FUZZ_PROFILE names the GPU suite's profile (default ``gpu``),
 TK_FUZZ_CPU_PROFILE the CPU suite's (default ``cpu``), TK_FUZZ_SEED the seed. Every run is
@@ -79,9 +79,12 @@ _GPU_EXAMPLES = {
     # CPU-only properties, when run with this profile by hand (python -m differential)
     "attention_validation": 100, "attention_fake": 100, "attention_compile": 10,
     "matmul_validation": 100, "matmul_fake": 100, "matmul_compile": 10,
+    "based": 400,
+    "based_step": 200,
+    "fftconv": 400,
 }
 _GPU_SHARDS = {"attention": 16, "attention_misaligned": 4, "attention_no_key_rows": 3,
-               "attention_dropout": 1, "matmul": 8}
+               "attention_dropout": 1, "matmul": 8, "based": 4, "based_step": 2, "fftconv": 4}
 
 PROFILES = {
     "cpu": Profile(
@@ -91,6 +94,7 @@ PROFILES = {
             "attention_dropout": 15, "attention_validation": 60, "attention_fake": 40,
             "attention_compile": 5,
             "matmul": 150, "matmul_validation": 40, "matmul_fake": 40, "matmul_compile": 5,
+            "based": 30, "based_step": 30, "fftconv": 30,
         },
         small=_CPU_SIZES, large=_CPU_SIZES),
     "gpu": Profile(name="gpu", examples=_GPU_EXAMPLES, small=_GPU_SMALL, large=_GPU_LARGE,
@@ -101,7 +105,8 @@ PROFILES = {
     # kernels down by orders of magnitude.
     "sanitize": Profile(name="sanitize",
                         examples={"attention": 60, "attention_misaligned": 20,
-                                  "attention_no_key_rows": 20, "matmul": 30},
+                                  "attention_no_key_rows": 20, "matmul": 30,
+                                  "based": 8, "based_step": 8, "fftconv": 8},
                         small=_SANITIZE_SIZES, large=_SANITIZE_SIZES),
 }
 
