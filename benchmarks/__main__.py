@@ -1,10 +1,13 @@
-"""python -m benchmarks [--ops attention,matmul,based,fftconv,decode] [--quick] [--save] [--json PATH] [--kernel sm80]
+"""python -m benchmarks [--ops attention,matmul,based,fftconv,decode,generate] [--quick] [--save]
+                     [--json PATH] [--kernel sm80]
 python -m benchmarks --plot-only benchmarks/results/h200.json
 
 Runs each op against its peers in the same process and prints one table per op: TFLOP/s (GB/s
 where the op is bound by memory: fftconv, Based's decoding step), our ratio to the reference peer
 (FlashAttention-2 for attention, cuBLAS for matmul, flash-linear-attention's parallel_based for
-Based, torch.fft for fftconv) and to the best peer. --save writes the results to
+Based, torch.fft for fftconv; for generate, tokens/s of a small Llama's greedy generation with
+transformers, attn_implementation="thunderkittens" against "sdpa": needs transformers, else it is
+skipped) and to the best peer. --save writes the results to
 benchmarks/results/<model>.json (one current file per GPU model, overwritten) with one plot per
 op, benchmarks/results/<model>_<op>.png (needs matplotlib); --json also writes every measurement
 to PATH; --plot-only redraws the plots of a results file, no GPU needed. Our kernels run in strict
@@ -35,7 +38,7 @@ if not __package__:
 from benchmarks.report import (RESULTS_DIR, format_table, read_json, results_path,  # noqa: E402
                                table_units, write_json)
 
-OPS = ("attention", "matmul", "based", "fftconv", "decode")
+OPS = ("attention", "matmul", "based", "fftconv", "decode", "generate")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         module = modules[name]
         records, impl_names = module.run(kernel=args.kernel, quick=args.quick)
         payload["ops"][name] = records
+        if not records:  # skipped (its log says why)
+            continue
         tables.append(f"{name} ({records[0]['dtype'] if records else ''}, {table_units(records)})\n" +
                       format_table(records, impl_names, module.REFERENCE, module.OURS))
     payload["seconds"] = round(time.time() - started, 1)

@@ -27,6 +27,7 @@ LABELS = {
     "flash_attn": "flash-attn",
     "fa4": "FlashAttention-4",
     "fa4_split": "FlashAttention-4 split-KV",
+    "sdpa": "transformers sdpa",
     "cublas": "cuBLAS",
     "fla_parallel": "fla parallel_based",
     "fla_fused_chunk": "fla fused_chunk_based",
@@ -34,7 +35,8 @@ LABELS = {
     "torch_fft": "torch.fft (fp32)",
     "copy": "device copy (ceiling)",
 }
-PASS_TITLES = {"fwd": "forward", "fwdbwd": "forward + backward", "step": "decoding step"}
+PASS_TITLES = {"fwd": "forward", "fwdbwd": "forward + backward", "step": "decoding step",
+               "generate": "greedy generation", "prefill": "prefill"}
 OURS_COLOR = "#d62728"
 COPY = "copy"
 COPY_COLOR = "#c7c7c7"

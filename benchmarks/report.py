@@ -3,8 +3,9 @@
 Results file (JSON): {"device", "torch", "torch_cuda", "thunderkittens", "build", "kernel",
 "quick", "seconds", "ops": {op: [record, ...]}}, one record per (pass, config) as the op's
 module writes it: "pass", "config_name", "results" {implementation: {"ms", "tflops"} (and/or
-"gbps") or {"error"} or {"skipped"}}, "metric" (the key shown: "tflops" when absent, "gbps" for
-the memory-bound ones), "best_peer", "ratio_vs_reference", "ratio_vs_best_peer", ...
+"gbps", "tokens_per_s") or {"error"} or {"skipped"}}, "metric" (the key shown: "tflops" when
+absent, "gbps" for the memory-bound ones, "tokens_per_s" end to end), "best_peer",
+"ratio_vs_reference", "ratio_vs_best_peer", ...
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 # One current results file per GPU model, overwritten by `python -m benchmarks --save`.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-UNITS = {"tflops": "TFLOP/s", "gbps": "GB/s"}
+UNITS = {"tflops": "TFLOP/s", "gbps": "GB/s", "tokens_per_s": "tokens/s"}
 
 
 def metric(record: dict) -> str:

@@ -160,3 +160,19 @@ def sustained(fns: Mapping[str, Callable[[], object]], *, seconds: float = 3.0, 
                             max_temp_c=max(sampler.temperatures, default=None))
             turns[name].append(turn)
     return turns
+
+
+def interleaved_wall_ms(fns: Mapping[str, Callable[[], object]], *, rounds: int) -> dict[str, float]:
+    """Median milliseconds per call of each callable, every call timed whole by the host clock
+    between two CUDA synchronisations, in `rounds` alternating rounds (each name first in turn).
+    For calls that wait for the GPU themselves (a generate loop reads its stopping rule every
+    step): they cannot be queued behind a sleep, and their time as the user sees it is the point."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_index in range(rounds):
+        for name in _turn_order(list(fns), round_index):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fns[name]()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(ms) for name, ms in times.items()}
