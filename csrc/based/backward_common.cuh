@@ -300,6 +300,21 @@ __device__ __forceinline__ void scale_by_derivative(acc_tile& dp, const acc_tile
     }
 }
 
+// x as a 16-bit high part plus the 16-bit remainder (about 16 significant bits together): the
+// chunk's ds = dP * p'(s) as an mma operand. Rounded once to 16 bits, it was the largest error of
+// dq and dk at short lengths (where the chunk is all there is), above PyTorch's own in-dtype error
+// for some inputs; the second product costs two mma per 16x16 block.
+template <typename T>
+__device__ __forceinline__ void split_high_low(tile<T>& high, tile<T>& low, const acc_tile& x) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 v = x.tiles[0][0].data[k];
+        high.tiles[0][0].data[k] = kt::convert_pair<T, float>(v);
+        const float2 h = kt::convert_pair<float, T>(high.tiles[0][0].data[k]);
+        low.tiles[0][0].data[k] = kt::convert_pair<T, float>(make_float2(v.x - h.x, v.y - h.y));
+    }
+}
+
 // A row tile's gradient with Dv = 128: the two warps of the row tile (value columns 0..63 and
 // 64..127) add their parts; the second hands its part over through shared memory in fragment
 // order and goes on. Returns whether this warp holds the sum (and stores it).

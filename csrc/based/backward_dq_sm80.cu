@@ -118,11 +118,12 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
                 kt::mma_ABt(ds, grad_rows, v_rows, ds);
                 scale_by_derivative(ds, s, c);
                 if (j == row_tile) kt::mask_cols_after(ds, [](int row) { return row; }, 0.f);
-                tile<T> ds16;
-                kt::copy(ds16, ds);
+                tile<T> ds_high, ds_low;
+                split_high_low(ds_high, ds_low, ds);
                 col_tile<T> k_cols;  // B operand of ds k
                 kt::load(k_cols, kt::subtile<16, 16>(k_smem[stage], j, 0));
-                kt::mma_AB(dq, ds16, k_cols, dq);
+                kt::mma_AB(dq, ds_high, k_cols, dq);
+                kt::mma_AB(dq, ds_low, k_cols, dq);
             }
             if (combine_groups<shape::groups>(dq, exchange, row_tile, value_group))
                 store_row_tile(g.dq, staging, dq, batch, head, chunk, row_tile);

@@ -187,11 +187,12 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
                 kt::mma_ABt(ds, v_rows, grad_rows, ds);
                 scale_by_derivative(ds, s, c);
                 if (i == row_tile) kt::mask_cols_before(ds, [](int row) { return row; }, 0.f);
-                tile<T> ds16;
-                kt::copy(ds16, ds);
+                tile<T> ds_high, ds_low;
+                split_high_low(ds_high, ds_low, ds);
                 col_tile<T> q_cols;  // B operand of ds q
                 kt::load(q_cols, kt::subtile<16, 16>(q_smem[stage], i, 0));
-                kt::mma_AB(dk, ds16, q_cols, dk);
+                kt::mma_AB(dk, ds_high, q_cols, dk);
+                kt::mma_AB(dk, ds_low, q_cols, dk);
             }
             if (combine_groups<shape::groups>(dk, exchange, row_tile, value_group))
                 store_row_tile(g.dk, staging, dk, batch, head, chunk, row_tile);

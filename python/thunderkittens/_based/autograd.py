@@ -12,8 +12,9 @@ with small PyTorch ops:
 - normalize=True. With D_i = sum_{j<=i} p(s_ij) + phi(q_i).z0 + eps and o_i = n_i / D_i, the
   gradient of the numerator n_i is do_i / D_i and that of D_i is delta_i = -(do_i . o_i) / D_i.
   The numerator is the unnormalised forward, so the kernel gets do / D; D_i is the unnormalised
-  forward with v = 1 (one value column), computed here with its gradient (chunked sums of k and
-  k k^T: memory linear in N), which adds to dq, dk and the initial state's last column.
+  forward with v = 1 (one value column), computed here with its gradient written out (chunked
+  sums of k and k k^T: memory linear in N), which adds to dq, dk and the initial state's last
+  column.
 
 Saved for the backward: q, k, v (the operands the forward op was given), the initial state, and
 with normalize the output o. Nothing of size N^2. A second backward is not supported.
@@ -32,8 +33,8 @@ CHUNK = 64  # rows per chunk of the normaliser's PyTorch computation
 
 def normaliser(q: torch.Tensor, k: torch.Tensor, scale: float, z0: torch.Tensor | None) -> torch.Tensor:
     """sum_{j<=i} p(scale q_i.k_j) + phi(q_i).z0 for q, k (B, H, N, F) in float32 and z0
-    (B, H, 1 + F + F*F) or None: (B, H, N), differentiable. Inside a chunk of CHUNK rows the
-    masked p(s) matrix; across chunks the running sums of k and k k^T."""
+    (B, H, 1 + F + F*F) or None: (B, H, N). Inside a chunk of CHUNK rows the masked p(s) matrix;
+    across chunks the running sums of k and k k^T (memory linear in N)."""
     batch, heads, length, features = q.shape
     chunks = -(-length // CHUNK)
     pad = chunks * CHUNK - length
@@ -57,6 +58,50 @@ def normaliser(q: torch.Tensor, k: torch.Tensor, scale: float, z0: torch.Tensor 
         total = (total + z0[..., :1] + math.sqrt(scale) * (q @ z0[..., 1:1 + features].unsqueeze(-1)).squeeze(-1)
                  + scale / math.sqrt(2) * ((q @ quad) * q).sum(-1))
     return total
+
+
+def normaliser_gradients(q: torch.Tensor, k: torch.Tensor, scale: float, delta: torch.Tensor,
+                         z0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The gradients of sum_i delta_i normaliser(q, k, scale, z0)_i with respect to q, k and z0
+    (None without z0), written out (no autograd inside a backward formula: torch.compile traces
+    this), in q's dtype (float32). delta (B, H, N)."""
+    batch, heads, length, features = q.shape
+    chunks = -(-length // CHUNK)
+    pad = chunks * CHUNK - length
+    qc = torch.nn.functional.pad(q, (0, 0, 0, pad)).view(batch, heads, chunks, CHUNK, features)
+    kc = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(batch, heads, chunks, CHUNK, features)
+    dc = torch.nn.functional.pad(delta, (0, pad)).view(batch, heads, chunks, CHUNK, 1)
+    c1, c2 = scale, scale * scale / 2
+    # Inside a chunk: delta_i p'(s_ij) for j <= i.
+    s = qc @ kc.transpose(-1, -2)
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    w = torch.where(causal, dc * (c1 + 2 * c2 * s), torch.zeros((), dtype=s.dtype, device=s.device))
+    dq = w @ kc
+    dk = w.transpose(-1, -2) @ qc
+    # Across chunks: q_i meets the sums of k and k k^T of earlier chunks, k_j the sums of
+    # delta q and delta q q^T of later ones.
+    k_sum = kc.sum(-2)
+    k_outer = kc.transpose(-1, -2) @ kc
+    k_before = (k_sum.cumsum(2) - k_sum).unsqueeze(-2)
+    outer_before = k_outer.cumsum(2) - k_outer
+    dq = dq + dc * (c1 * k_before + 2 * c2 * (qc @ outer_before))
+    weighted = dc * qc
+    q_sum = weighted.sum(-2)
+    q_outer = weighted.transpose(-1, -2) @ qc
+    q_after = (q_sum.flip(2).cumsum(2).flip(2) - q_sum).unsqueeze(-2)
+    outer_after = q_outer.flip(2).cumsum(2).flip(2) - q_outer
+    dk = dk + c1 * q_after + 2 * c2 * (kc @ outer_after)
+    dq = dq.reshape(batch, heads, chunks * CHUNK, features)[..., :length, :]
+    dk = dk.reshape(batch, heads, chunks * CHUNK, features)[..., :length, :]
+    dz0 = None
+    if z0 is not None:
+        quad = z0[..., 1 + features:].unflatten(-1, (features, features))
+        dq = dq + delta.unsqueeze(-1) * (math.sqrt(scale) * z0[..., 1:1 + features].unsqueeze(-2)
+                                         + scale / math.sqrt(2) * (q @ (quad + quad.transpose(-1, -2))))
+        weighted = delta.unsqueeze(-1) * q
+        dz0 = torch.cat([delta.sum(-1, keepdim=True), math.sqrt(scale) * weighted.sum(-2),
+                         scale / math.sqrt(2) * (weighted.transpose(-1, -2) @ q).flatten(-2)], -1)
+    return dq, dk, dz0
 
 
 def _feature_map_vjp(x: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tensor:
@@ -93,8 +138,7 @@ def backward_formula(backward_op):
             grad_out = torch.zeros_like(v)
         z0 = None if initial_state is None else initial_state[..., -1]
         if normalize:
-            with torch.no_grad():
-                denominator = normaliser(q.float(), k.float(), scale, z0) + eps
+            denominator = normaliser(q.float(), k.float(), scale, z0) + eps
             delta = -(grad_out.float() * out.float()).sum(-1) / denominator
             grad_values = (grad_out.float() / denominator.unsqueeze(-1)).to(q.dtype)
         else:
@@ -109,16 +153,10 @@ def backward_formula(backward_op):
                 d_state[..., :value_dim] += _antisymmetric_part(final_in[..., :value_dim], features)
                 d_state[..., value_dim] += final_in[..., value_dim]
         if normalize:
-            with torch.enable_grad():
-                leaves = [q.detach().float().requires_grad_(), k.detach().float().requires_grad_()]
-                if z0 is not None:
-                    leaves.append(z0.detach().requires_grad_())
-                total = normaliser(leaves[0], leaves[1], scale, leaves[2] if z0 is not None else None)
-                grads = torch.autograd.grad((delta * total).sum(), leaves)
-            dq_extra = grads[0]
-            dk_extra = grads[1] if dk_extra is None else dk_extra + grads[1]
-            if needs_state and z0 is not None:
-                d_state[..., value_dim] += grads[2]
+            dq_extra, dk_norm, dz0 = normaliser_gradients(q.float(), k.float(), scale, delta, z0)
+            dk_extra = dk_norm if dk_extra is None else dk_extra + dk_norm
+            if needs_state and dz0 is not None:
+                d_state[..., value_dim] += dz0
         if dq_extra is not None:
             dq = (dq.float() + dq_extra).to(q.dtype)
         if dk_extra is not None:
