@@ -164,6 +164,15 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, is_causal, scale) -
             if tuple(t.shape) != expected:
                 raise ValueError(f"{_WHO}: {name} must have shape (batch, heads_kv, len_q, "
                                  f"head_dim) = {expected}, got {tuple(t.shape)}")
+    if k_new is not None:
+        # The caches are written in place: an expanded view (stride 0 over a dim of size > 1)
+        # would have several of its elements written through one memory location.
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            shared = [d for d in range(4) if t.shape[d] > 1 and t.stride(d) == 0]
+            if shared:
+                raise ValueError(f"{_WHO}: {name} is written in place (k_new / v_new are given) but "
+                                 f"its dim {shared[0]} has stride 0 (an expanded view): pass a "
+                                 "cache buffer of its own memory")
     if cache_seqlens.dtype != torch.int32:
         raise TypeError(f"{_WHO}: cache_seqlens must be int32, got {cache_seqlens.dtype} "
                         "(pass cache_seqlens.to(torch.int32))")
