@@ -203,7 +203,7 @@ def test_backward_fallback_where_shared_memory_is_short(cpu_kernels, monkeypatch
     q, k, v, _ = make(1, 2, 20, 128)
     q.requires_grad_()
     text = str(tk.explain_based(q, k, v))
-    assert "q requires grad and the backward kernels for value dim 128 need 150528 bytes" in text, text
+    assert "q requires grad and the backward kernels for value dim 128 need 155648 bytes" in text, text
     with torch.no_grad():
         assert str(tk.explain_based(q, k, v)).startswith("kernel")
     q64, k64, v64, _ = make(1, 2, 20, 64)

@@ -43,7 +43,7 @@ inline constexpr int GROUP_COLS = 64;                   // value columns of a wa
 inline constexpr int STAGES = 2;
 inline constexpr int STATE_TILES = PAIR_TILES + 1;      // the pair tiles, then the linear tile
 inline constexpr int LINEAR_TILE = PAIR_TILES;
-inline constexpr int PERMUTATIONS = PAIR_TILES - 1;     // P_1 .. P_8
+inline constexpr int PERMUTATIONS = HALF_TILE - 1;      // P_1 .. P_7 (the half tile needs none)
 
 template <int DV>
 struct Shape {
@@ -63,7 +63,7 @@ template <typename T> using qk_tile = kt::st<T, CHUNK, FEATURE_DIM>;
 template <typename T, int DV> using value_tile = kt::st<T, CHUNK, DV>;
 // 16-bit state copy, one per state tile: rows = value columns, columns = the tile's features.
 template <typename T, int DV> using state_copy = kt::st<T, DV, kt::TILE_DIM>;
-// P_1 .. P_8, tile d - 1 in rows 16 (d - 1) .. 16 d - 1.
+// P_1 .. P_7, tile d - 1 in rows 16 (d - 1) .. 16 d - 1.
 template <typename T> using permutation_tiles = kt::st<T, PERMUTATIONS * kt::TILE_DIM, kt::TILE_DIM>;
 // A row tile's gradient (dq or dk) on its way to global memory: 16 rows per row tile.
 template <typename T> using row_out_tile = kt::st<T, CHUNK, FEATURE_DIM>;
@@ -200,7 +200,7 @@ __device__ __forceinline__ void write_state_copy(state_copy<T, DV> (&dst)[STATE_
     kt::store(kt::subtile<16, 16>(dst[LINEAR_TILE], warp, 0), x);
 }
 
-// P_1 .. P_8 into shared memory (all threads of the block; visible after a barrier).
+// P_1 .. P_7 into shared memory (all threads of the block; visible after a barrier).
 template <typename T>
 __device__ __forceinline__ void fill_permutations(permutation_tiles<T>& p) {
     constexpr int elements = PERMUTATIONS * kt::TILE_DIM * kt::TILE_DIM;
@@ -250,6 +250,16 @@ __device__ __forceinline__ void add_pair_jacobian(acc_tile& out, const acc_tile&
             o[k].x = fmaf(2.f * gd[k].x, f.xf[k].x, o[k].x);
             o[k].y = fmaf(2.f * gd[k].y, f.xf[k].y, o[k].y);
         }
+    } else if constexpr (D == HALF_TILE) {
+        // Columns b < 8 only (g's registers 0 and 1), partner b + 8: the same lane's registers
+        // k and k + 2 hold columns b and b + 8 of the same row, so both terms stay in the lane.
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            o[k].x = fmaf(gd[k].x, f.xf[k + 2].x, o[k].x);
+            o[k].y = fmaf(gd[k].y, f.xf[k + 2].y, o[k].y);
+            o[k + 2].x = fmaf(gd[k].x, f.xf[k].x, o[k + 2].x);
+            o[k + 2].y = fmaf(gd[k].y, f.xf[k].y, o[k + 2].y);
+        }
     } else {
         tile<T> partner, rotated_part;
         gather_partners<D>(partner, f.gather, f.row_tile);
@@ -282,7 +292,18 @@ __device__ __forceinline__ void add_state_gradient(acc_tile& out, const group_ro
         kt::load(s, kt::subtile<GROUP_COLS, 16>(const_cast<state_copy<T, DV>&>(copy[D]), group, 0));
         acc_tile g;
         kt::zero(g);
-        kt::mma_AB(g, rows, s, g);
+        if constexpr (D == HALF_TILE) {  // its 8 feature columns: the first n8 half of each product
+            auto& acc = g.tiles[0][0].data;
+#pragma unroll
+            for (int k = 0; k < GROUP_COLS / kt::TILE_DIM; k++) {
+                kt::packed<T> a[4], b[4];
+                kt::detail::a_fragment(a, rows.tiles[0][k]);
+                kt::detail::b_fragment(b, s.tiles[k][0]);
+                kt::detail::mma_16x8x16<T>(acc[0], acc[1], a, b[0], b[1], acc[0], acc[1]);
+            }
+        } else {
+            kt::mma_AB(g, rows, s, g);
+        }
         add_pair_jacobian<D>(out, g, f, permutations);
     });
     state_cols s;

@@ -5,7 +5,8 @@
 // One block per (batch, head) walks the sequence backward in chunks of 64 rows, keeping the
 // reverse running state R = dF + sum of later phi(q) do^T (value-column role). Per chunk:
 //   dv    = R0 + c1 k R1 + c2 sum_d weight_d KK_d R_d       (later chunks: the forward's output
-//         + sum_{i >= j} p(s_ij) do_i                         product with k for q, R for S)
+//         + sum_{i >= j} p(s_ij) do_i                         product with k for q, R for S; the
+//                                                             p(s) blocks shared through shared memory)
 //   dk_m  = J_phi(k_m)^T (R v_m)                              (row role, later chunks)
 //         + sum_{i >= m} (dP_mi * (c1 + 2 c2 s_mi)) q_i       (this chunk: anti-causal blocks)
 // with dP_mi = v_m do_i^T and s = k q^T unscaled; then the chunk goes into R. After the first
@@ -20,13 +21,21 @@ cudaError_t dq_sm80(const BackwardParams& p, cudaStream_t stream);
 
 namespace {
 
+// The chunk's 10 blocks on and above the diagonal of p(k q^T) (keys as rows), block (j, i) with
+// j <= i at index i (i + 1) / 2 + j: every warp's dv needs all of them, so each is computed once
+// (by warp index % warps) and read back by all.
+inline constexpr int SCORE_BLOCKS = ROW_TILES * (ROW_TILES + 1) / 2;
+__host__ __device__ constexpr int score_block(int j, int i) { return i * (i + 1) / 2 + j; }
+
 template <typename T, int DV>
 struct DkvShared {
     using dv_tile = kt::st<T, CHUNK, WARP_COLS>;  // one warp's dv columns, for coalesced stores
+    using scores_tile = kt::st<T, SCORE_BLOCKS * kt::TILE_DIM, kt::TILE_DIM>;
     static constexpr int bytes =
         kt::shared_bytes_for<qk_tile<T>[STAGES], qk_tile<T>[STAGES], value_tile<T, DV>[STAGES], value_tile<T, DV>[STAGES],
                              transposed_chunk<T>, transposed_chunk<T>, state_copy<T, DV>[STATE_TILES],
-                             permutation_tiles<T>, row_out_tile<T>, PartExchange, dv_tile[Shape<DV>::warps]>();
+                             permutation_tiles<T>, row_out_tile<T>, PartExchange, dv_tile[Shape<DV>::warps],
+                             scores_tile>();
 };
 
 template <typename T>
@@ -56,6 +65,7 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
     auto& staging = alloc.allocate<row_out_tile<T>>();
     auto& exchange = alloc.allocate<PartExchange>();
     auto& dv_staging = alloc.allocate<typename S::dv_tile[shape::warps]>();
+    auto& scores = alloc.allocate<typename S::scores_tile>();
 
     const int bh = blockIdx.x;
     const int batch = bh / g.q.heads(), head = bh % g.q.heads();
@@ -105,7 +115,23 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
             }
         }
         write_state_copy(copy, st, warp, c);
-        __syncthreads();  // q^T, k^T and the state copy complete
+        // This chunk's p(s) blocks for dv (keys as rows), each by one warp.
+#pragma unroll 1
+        for (int block = warp; block < SCORE_BLOCKS; block += shape::warps) {
+            const int i = block >= 6 ? 3 : block >= 3 ? 2 : block >= 1 ? 1 : 0, j = block - i * (i + 1) / 2;
+            tile<T> k_rows, q_rows;  // q: B operand of k q^T
+            kt::load(k_rows, kt::subtile<16, 16>(k_smem[stage], j, 0));
+            kt::load<kt::mma_operand::b>(q_rows, kt::subtile<16, 16>(q_smem[stage], i, 0));
+            acc_tile s;
+            kt::zero(s);
+            kt::mma_ABt(s, k_rows, q_rows, s);
+            kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
+            if (j == i) kt::mask_cols_before(s, [](int row) { return row; }, 0.f);
+            tile<T> p;
+            kt::copy(p, s);
+            kt::store(kt::subtile<16, 16>(scores, block, 0), p);
+        }
+        __syncthreads();  // q^T, k^T, the state copy and the scores complete
 
         // Value-column role: dv of this warp's 16 value columns, all 64 rows.
         {
@@ -135,22 +161,15 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
                     else kt::mma_ABt(dv[m], kk, state16, dv[m]);
                 }
             });
-            // This chunk: p(s) of the 16x16 blocks on and above the diagonal (keys as rows).
+            // This chunk: the p(s) blocks on and above the diagonal (keys as rows).
 #pragma unroll
             for (int i = 0; i < ROW_TILES; i++) {
-                tile<T> q_rows;  // B operand of k q^T
-                kt::load<kt::mma_operand::b>(q_rows, kt::subtile<16, 16>(q_smem[stage], i, 0));
                 col_tile<T> grad_cols;
                 kt::load(grad_cols, kt::subtile<16, 16>(do_smem[stage], i, warp));
 #pragma unroll
                 for (int j = 0; j <= i; j++) {
-                    acc_tile s;
-                    kt::zero(s);
-                    kt::mma_ABt(s, k_rows[j], q_rows, s);
-                    kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
-                    if (j == i) kt::mask_cols_before(s, [](int row) { return row; }, 0.f);
                     tile<T> p;
-                    kt::copy(p, s);
+                    kt::load(p, kt::subtile<16, 16>(scores, score_block(j, i), 0));
                     kt::mma_AB(dv[j], p, grad_cols, dv[j]);
                 }
             }
