@@ -18,60 +18,29 @@
 #include <vector>
 
 #include "based/backward_params.h"
-#include "operand_checks.h"
+#include "based/op_checks.h"
 
 namespace tk::based {
 namespace {
 
 constexpr const char* kOp = "tk::based_bwd_sm80: ";
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
-    check_like(t, name, q, "q", kOp);
-    check_extents(t, name, 4, "(batch, heads, length, dim)", kOp);
-    check_row_layout(t, name, kOp);
-}
-
-// An optional fp32 state-shaped input: contiguous (a copy only for an unusual layout: it is small).
-at::Tensor state_input(const std::optional<at::Tensor>& s, const char* name, const at::Tensor& q,
-                       const std::vector<int64_t>& shape) {
-    if (!s.has_value() || !s->defined()) return at::Tensor();
-    TORCH_CHECK(s->is_cuda() && s->device() == q.device(), kOp, name, " must be on q's device ", q.device(),
-                ", got ", s->device());
-    TORCH_CHECK(s->scalar_type() == at::kFloat, kOp, name, " must be float32, got ", s->scalar_type());
-    TORCH_CHECK(s->sizes() == at::IntArrayRef(shape), kOp, name, " must have shape ", at::IntArrayRef(shape),
-                " (batch, heads, 273, value_dim + 1), got ", s->sizes());
-    return s->contiguous();
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
     const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& grad_final_state,
     bool grad_initial_state) {
-    TORCH_CHECK(q.defined() && q.is_cuda(), kOp, "q must be a CUDA tensor");
-    check_operand(q, "q", q);
-    check_operand(k, "k", q);
-    check_operand(v, "v", q);
-    check_operand(grad_out, "grad_out", q);
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, kOp,
-                "q must be bfloat16 or float16, got ", q.scalar_type());
-    const ElementType dtype = q.scalar_type() == at::kBFloat16 ? ElementType::bf16 : ElementType::fp16;
-
+    check_qkv(q, k, v, scale, kOp);
+    check_operand(grad_out, "grad_out", q, kOp);
+    const ElementType dtype = element_type(q, kOp);
     const int64_t batch = q.size(0), heads = q.size(1), len = q.size(2), value_dim = v.size(3);
-    TORCH_CHECK(q.size(3) == FEATURE_DIM, kOp, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
-    TORCH_CHECK(k.sizes() == q.sizes(), kOp, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
-    TORCH_CHECK(v.size(0) == batch && v.size(1) == heads && v.size(2) == len, kOp,
-                "v must be (batch, heads, length, value_dim) with q's batch, heads and length, got v ", v.sizes(),
-                " and q ", q.sizes());
     TORCH_CHECK(grad_out.sizes() == v.sizes(), kOp, "grad_out must have v's shape ", v.sizes(), ", got ",
                 grad_out.sizes());
-    TORCH_CHECK(value_dim == 64 || value_dim == 128, kOp, "v's value_dim must be 64 or 128, got ", value_dim);
-    TORCH_CHECK(std::isfinite(scale) && scale > 0, kOp, "scale must be finite and positive, got ", scale);
     TORCH_CHECK(batch * heads <= std::numeric_limits<int>::max(), kOp,
                 "batch * heads must fit in a 32-bit int, got ", batch, " * ", heads);
 
     const std::vector<int64_t> state_shape{batch, heads, STATE_ROWS, value_dim + 1};
-    const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape);
-    const at::Tensor grad_final = state_input(grad_final_state, "grad_final_state", q, state_shape);
+    const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape, kOp);
+    const at::Tensor grad_final = state_input(grad_final_state, "grad_final_state", q, state_shape, kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     int optin = 0;

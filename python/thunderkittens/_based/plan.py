@@ -59,13 +59,33 @@ class BasedPlan(Plan):
         return parts
 
 
-def needs_grad(*tensors) -> str | None:
-    """The first of q, k, v, initial_state that autograd will need a gradient for, or None."""
+def first_requiring_grad(names: tuple[str, ...], *tensors) -> str | None:
+    """The name of the first of ``tensors`` (None ones skipped) that autograd will need a
+    gradient for, or None."""
     if not torch.is_grad_enabled():
         return None
-    for name, t in zip(("q", "k", "v", "initial_state"), tensors):
+    for name, t in zip(names, tensors):
         if t is not None and t.requires_grad:
             return name
+    return None
+
+
+def needs_grad(*tensors) -> str | None:
+    """The first of q, k, v, initial_state that autograd will need a gradient for, or None."""
+    return first_requiring_grad(("q", "k", "v", "initial_state"), *tensors)
+
+
+def unsupported_shape_reason(q, v) -> str | None:
+    """Why the Based kernels cannot take q and v (device, dtype, feature or value dim), or None."""
+    reason = _scaffold.unsupported_input_reason("based", q)
+    if reason is not None:
+        return reason
+    if q.shape[-1] != KERNEL_FEATURE_DIM:
+        return (f"feature dim {q.shape[-1]} is not supported by the kernel "
+                f"({KERNEL_FEATURE_DIM} only)")
+    if v.shape[-1] not in KERNEL_VALUE_DIMS:
+        return (f"value dim {v.shape[-1]} is not supported by the kernel "
+                f"({' or '.join(str(d) for d in KERNEL_VALUE_DIMS)} only)")
     return None
 
 
@@ -83,15 +103,9 @@ def backward_description(family: KernelFamily, normalize: bool) -> str:
 def decide(q, k, v, initial_state) -> tuple[KernelFamily | None, str | None]:
     """(family, None) for the kernel path, (None, reason) for the reference. The arguments have
     passed checks.check_arguments."""
-    reason = _scaffold.unsupported_input_reason("based", q)
+    reason = unsupported_shape_reason(q, v)
     if reason is not None:
         return None, reason
-    if q.shape[-1] != KERNEL_FEATURE_DIM:
-        return None, (f"feature dim {q.shape[-1]} is not supported by the kernel "
-                      f"({KERNEL_FEATURE_DIM} only)")
-    if v.shape[-1] not in KERNEL_VALUE_DIMS:
-        return None, (f"value dim {v.shape[-1]} is not supported by the kernel "
-                      f"({' or '.join(str(d) for d in KERNEL_VALUE_DIMS)} only)")
     family, reason = _scaffold.choose_family("based", q.device)
     if family is None:
         return None, reason

@@ -23,7 +23,7 @@ from .._scaffold import KernelFamily, Plan
 from . import reference
 from .api import _compute_dtype, _scale_or_default
 from .checks import check_arguments
-from .plan import KERNEL_FEATURE_DIM, KERNEL_VALUE_DIMS
+from .plan import first_requiring_grad, unsupported_shape_reason
 
 STEP = torch.ops.tk.based_step_sm80.default
 STEP_INPLACE = torch.ops.tk.based_step_inplace_sm80.default
@@ -52,33 +52,18 @@ class BasedStepPlan(Plan):
         return parts
 
 
-def _needs_grad(q, k, v, state) -> str | None:
-    if not torch.is_grad_enabled():
-        return None
-    for name, t in zip(("q", "k", "v", "state"), (q, k, v, state)):
-        if t.requires_grad:
-            return name
-    return None
-
-
 def decide(q, k, v, state) -> tuple[KernelFamily | None, str | None]:
     """(family, None) for the step kernel, (None, reason) for PyTorch ops. The arguments have
     passed checks.check_arguments."""
-    reason = _scaffold.unsupported_input_reason("based", q)
+    reason = unsupported_shape_reason(q, v)
     if reason is not None:
         return None, reason
-    if q.shape[-1] != KERNEL_FEATURE_DIM:
-        return None, (f"feature dim {q.shape[-1]} is not supported by the kernel "
-                      f"({KERNEL_FEATURE_DIM} only)")
-    if v.shape[-1] not in KERNEL_VALUE_DIMS:
-        return None, (f"value dim {v.shape[-1]} is not supported by the kernel "
-                      f"({' or '.join(str(d) for d in KERNEL_VALUE_DIMS)} only)")
     if state.dtype != torch.float32:
         return None, f"state dtype {state.dtype} is not supported by the kernel (float32 only)"
     family, reason = _scaffold.choose_family("based", q.device)
     if family is None:
         return None, reason
-    name = _needs_grad(q, k, v, state)
+    name = first_requiring_grad(("q", "k", "v", "state"), q, k, v, state)
     if name is not None:
         return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the based_step "
                       "kernel has no backward; under torch.no_grad() or torch.inference_mode() the "
