@@ -15,19 +15,11 @@ import torch
 import thunderkittens as tk
 from thunderkittens._based import autograd, plan, reference
 
+from differential.standins import based_backward_contract
 from gpu_support import kernel_standin
 
 FEATURES = 16
 SCALE = 0.25
-
-
-def symmetric_value_part(state, value_dim):
-    """The state's value columns with the quadratic block's symmetric part (what the kernels read)
-    and a zero normaliser column."""
-    quad = state[..., 1 + FEATURES:, :value_dim].unflatten(-2, (FEATURES, FEATURES))
-    quad = (quad + quad.transpose(-2, -3)) / 2
-    values = torch.cat([state[..., :1 + FEATURES, :value_dim], quad.flatten(-3, -2)], -2)
-    return torch.cat([values, torch.zeros_like(state[..., :1])], -1)
 
 
 def forward_standin(q, k, v, scale, normalize, eps, initial_state, output_final_state):
@@ -50,37 +42,8 @@ class BackwardStandIn:
             assert state is None or (state.dtype == torch.float32 and state.is_contiguous())
         self.calls.append({"initial_state": initial_state, "grad_final_state": grad_final_state,
                            "grad_initial_state": grad_initial_state})
-        # Written out (autograd does not run inside an op's implementation).
-        value_dim = v.shape[-1]
-        q, k, v, g = q.double(), k.double(), v.double(), grad_out.double()
-        s = scale * (q @ k.transpose(-1, -2))
-        causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
-        weights = torch.where(causal, 1 + s + s * s / 2, 0.0)
-        ds = torch.where(causal, (g @ v.transpose(-1, -2)) * (1 + s), 0.0) * scale
-        dq, dk, dv = ds @ k, ds.transpose(-1, -2) @ q, weights.transpose(-1, -2) @ g
-        if initial_state is not None:  # o += phi(q) S0
-            dq = dq + feature_map_vjp_rows(q, g @ symmetric_value_part(initial_state.double(), value_dim)[..., :-1].transpose(-1, -2), scale)
-        final = None
-        if grad_final_state is not None:  # final += phi(k)^T v
-            final = symmetric_value_part(grad_final_state.double(), value_dim)[..., :-1]
-            dv = dv + reference.feature_map(k, scale) @ final
-            dk = dk + feature_map_vjp_rows(k, v @ final.transpose(-1, -2), scale)
-        if grad_initial_state:
-            d_state = torch.zeros(*q.shape[:2], 273, value_dim + 1, dtype=torch.float64)
-            d_state[..., :value_dim] = reference.feature_map(q, scale).transpose(-1, -2) @ g
-            if final is not None:
-                d_state[..., :value_dim] += final
-            d_state = d_state.float()
-        else:
-            d_state = grad_out.new_empty((0,), dtype=torch.float32)
-        return dq.to(grad_out.dtype), dk.to(grad_out.dtype), dv.to(grad_out.dtype), d_state
-
-
-def feature_map_vjp_rows(x, y, scale):
-    """J_phi(x_i)^T y_i for every row i: x (..., N, F), y (..., N, 1 + F + F*F)."""
-    quad = y[..., 1 + FEATURES:].unflatten(-1, (FEATURES, FEATURES))
-    return (math.sqrt(scale) * y[..., 1:1 + FEATURES]
-            + scale / math.sqrt(2) * ((quad + quad.transpose(-1, -2)) @ x.unsqueeze(-1)).squeeze(-1))
+        return based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
+                                       grad_initial_state)
 
 
 @pytest.fixture

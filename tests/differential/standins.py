@@ -50,38 +50,11 @@ class StandIns:
 
     def based_backward(self, grad_out, q, k, v, scale, initial_state, grad_final_state,
                        grad_initial_state):
-        """tk::based_bwd_sm80's contract (csrc/based/backward_params.h): the gradients of the
-        unnormalised forward; the final state's gradient seen through the symmetric part of its
-        value columns; the initial state's gradient with a zero last column. Written out:
-        autograd does not run inside an op's implementation."""
+        """tk::based_bwd_sm80's contract: based_backward_contract."""
         assert grad_out.dtype == q.dtype and grad_out.shape == v.shape
         self.backward_calls.append(("based_bwd_sm80", grad_out, q, k, v))
-        dv_dim = v.shape[-1]
-        q, k, v, g = q.double(), k.double(), v.double(), grad_out.double()
-        s = scale * (q @ k.transpose(-1, -2))
-        causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
-        weights = torch.where(causal, 1 + s + s * s / 2, 0.0)
-        ds = torch.where(causal, (g @ v.transpose(-1, -2)) * (1 + s), 0.0) * scale
-        dq, dk, dv = ds @ k, ds.transpose(-1, -2) @ q, weights.transpose(-1, -2) @ g
-        if initial_state is not None:  # o += phi(q) S0
-            values = initial_state.double()[..., :dv_dim]
-            dq = dq + _feature_map_vjp(q, g @ values.transpose(-1, -2), scale)
-        final = None
-        if grad_final_state is not None:  # final = S0 + phi(k)^T v
-            final = _symmetric(grad_final_state.double()[..., :dv_dim])
-            dv = dv + based_reference.feature_map(k, scale) @ final
-            dk = dk + _feature_map_vjp(k, v @ final.transpose(-1, -2), scale)
-        if grad_initial_state:
-            d_state = torch.zeros(*q.shape[:2], based_reference.state_features(FEATURES), dv_dim + 1,
-                                  dtype=torch.float64)
-            d_state[..., :dv_dim] = based_reference.feature_map(q, scale).transpose(-1, -2) @ g
-            if final is not None:
-                d_state[..., :dv_dim] += final
-            d_state = d_state.float()
-        else:
-            d_state = grad_out.new_empty((0,), dtype=torch.float32)
-        dtype = grad_out.dtype
-        return dq.to(dtype), dk.to(dtype), dv.to(dtype), d_state
+        return based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
+                                       grad_initial_state)
 
     def _step(self, op, q, k, v, state, scale, normalize, eps):
         assert q.dtype in KERNEL_DTYPES and q.shape[-1] == FEATURES, (q.dtype, q.shape)
@@ -138,6 +111,40 @@ class StandIns:
             return {"fftconv_fwd_sm80": self.fftconv_forward,
                     "fftconv_filter_grad_sm80": self.fftconv_filter_grad}
         raise ValueError(family)
+
+
+def based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
+                            grad_initial_state):
+    """tk::based_bwd_sm80's outputs, computed in float64 and returned in its dtypes
+    (csrc/based/backward_params.h): the gradients of the unnormalised forward; the final state's
+    gradient seen through the symmetric part of its value columns; the initial state's gradient
+    with a zero last column. Written out: autograd does not run inside an op's implementation."""
+    dv_dim = v.shape[-1]
+    q, k, v, g = q.double(), k.double(), v.double(), grad_out.double()
+    s = scale * (q @ k.transpose(-1, -2))
+    causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    weights = torch.where(causal, 1 + s + s * s / 2, 0.0)
+    ds = torch.where(causal, (g @ v.transpose(-1, -2)) * (1 + s), 0.0) * scale
+    dq, dk, dv = ds @ k, ds.transpose(-1, -2) @ q, weights.transpose(-1, -2) @ g
+    if initial_state is not None:  # o += phi(q) S0
+        values = initial_state.double()[..., :dv_dim]
+        dq = dq + _feature_map_vjp(q, g @ values.transpose(-1, -2), scale)
+    final = None
+    if grad_final_state is not None:  # final = S0 + phi(k)^T v
+        final = _symmetric(grad_final_state.double()[..., :dv_dim])
+        dv = dv + based_reference.feature_map(k, scale) @ final
+        dk = dk + _feature_map_vjp(k, v @ final.transpose(-1, -2), scale)
+    if grad_initial_state:
+        d_state = torch.zeros(*q.shape[:2], based_reference.state_features(FEATURES), dv_dim + 1,
+                              dtype=torch.float64)
+        d_state[..., :dv_dim] = based_reference.feature_map(q, scale).transpose(-1, -2) @ g
+        if final is not None:
+            d_state[..., :dv_dim] += final
+        d_state = d_state.float()
+    else:
+        d_state = grad_out.new_empty((0,), dtype=torch.float32)
+    dtype = grad_out.dtype
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), d_state
 
 
 def _symmetric(values):
