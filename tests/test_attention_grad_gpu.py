@@ -22,16 +22,15 @@ explain naming no kernel fails them (tests/kernel_required.py).
 
 import copy
 import math
-import warnings
 import zlib
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
+from differential.attention import fused_sdpa_backward, relative_error
 from differential.tolerance import assert_close
 from kernel_required import require_kernel, skip_unless_gpu_for
 from reference import (causal_offset_of, lower_right_bias, reference_attention,
@@ -100,40 +99,20 @@ def sdpa_grads(q, k, v, grad_out, causal, scale, lower_right=False):
     return tuple(t.grad for t in leaves)
 
 
-FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
-
-
 def fused_sdpa_grads(q, k, v, grad_out, causal, scale, lower_right=False):
-    """The gradients of SDPA's fused backward (FlashAttention-2, memory-efficient or cuDNN) on the
-    same inputs, k/v repeated over each GQA group, or None where none runs the call. The rule
+    """The gradients of SDPA's fused backward (differential.attention.fused_sdpa_backward) on
+    fresh copies of the same inputs, or None where none runs the call. The rule
     (docs/development.md) holds an attention gradient to the less precise of this and the
     default backend's: SDPA's default for GQA calls is the math backend, which keeps P and dS in
     float32, where the fused kernels, and ours, round them to the dtype first."""
-    len_q, len_kv = q.shape[2], k.shape[2]
-    if q.shape[0] * q.shape[1] > SDPA_GRID_ROWS or lower_right and len_q > len_kv:
+    if q.shape[0] * q.shape[1] > SDPA_GRID_ROWS:
         return None
-    ratio = q.shape[1] // k.shape[1]
     leaves = [t.detach().clone(memory_format=torch.contiguous_format).requires_grad_()
               for t in (q, k, v)]
-    keys, values = (t.repeat_interleave(ratio, dim=1) for t in leaves[1:])
-    try:
-        with sdpa_kernel(FUSED_BACKENDS), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if lower_right and len_q != len_kv:
-                out = F.scaled_dot_product_attention(leaves[0], keys, values, scale=scale,
-                                                     attn_mask=lower_right_bias(len_q, len_kv))
-            else:
-                out = F.scaled_dot_product_attention(leaves[0], keys, values, is_causal=causal,
-                                                     scale=scale)
-            out.backward(grad_out.clone(memory_format=torch.contiguous_format))
-    except RuntimeError:
+    if not fused_sdpa_backward(*leaves, grad_out.clone(memory_format=torch.contiguous_format),
+                               causal, scale, lower_right):
         return None
     return tuple(t.grad for t in leaves)
-
-
-def _relative_error(t, ref):
-    norm = ref.norm().item()
-    return (t.double() - ref).norm().item() / norm if norm > 0 else 0.0
 
 
 def assert_grads_close(grads, q, k, v, grad_out, causal, scale, lower_right=False, also=()):
@@ -149,7 +128,7 @@ def assert_grads_close(grads, q, k, v, grad_out, causal, scale, lower_right=Fals
     theirs = sdpa_grads(q, k, v, grad_out, causal, scale, lower_right)
     fused = fused_sdpa_grads(q, k, v, grad_out, causal, scale, lower_right)
     if fused is not None:
-        theirs = tuple(f if torch.isfinite(f).all() and _relative_error(f, r) > _relative_error(t, r)
+        theirs = tuple(f if torch.isfinite(f).all() and relative_error(f, r) > relative_error(t, r)
                        else t for t, f, r in zip(theirs, fused, refs))
     names = ("dq", "dk", "dv")
     for run in (grads, *also):

@@ -353,38 +353,52 @@ def _yardstick(case, bases, make, mask, grad_out, empty, ref, math_backend):
 FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 
 
-def _fused_yardstick_grads(case, bases, make, grad_out):
-    """The gradients of PyTorch's own fused attention backward (FlashAttention-2, memory-efficient
-    or cuDNN) on the same inputs, made 4-D with key/value repeated over each GQA group (as the
-    fused kernels need), or None where none can run the call (a tensor mask, the CPU, a dtype or
-    head dim they refuse). Our backward is one of that kind: it rounds P and dS to the dtype before
-    its last products, where SDPA's math backend (the default for 3-D or GQA calls) does them in
-    float32; on a peaked softmax that alone can be several times the math backend's error."""
-    if (case.mask not in ("none", "causal", "upper_left", "lower_right") or case.dtype == torch.float32
-            or bases[0].device.type != "cuda" or case.scale is not None and case.scale <= 0
-            or case.mask == "lower_right" and case.len_q > case.len_kv):
-        return None
-    copies = [b.detach().clone().requires_grad_(b.requires_grad) for b in bases]
-    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in make(copies))
-    k, v = (t.repeat_interleave(case.gqa, dim=-3) for t in (k, v))
+def fused_sdpa_backward(q, k, v, grad_out, causal: bool, scale, lower_right: bool = False) -> bool:
+    """Runs F.scaled_dot_product_attention forward and backward (grad_out) on PyTorch's fused
+    backends only (FlashAttention-2, memory-efficient, cuDNN) with q (..., Hq, Lq, D) and k/v
+    (..., Hkv, Lk, D) made 4-D and k/v repeated over each GQA group, as those kernels need; the
+    gradients reach whatever q, k, v were made from. False where no fused backend runs the call
+    (lower-right with Lq > Lk included: its rows that see no key are NaN there)."""
+    len_q, len_kv = q.shape[-2], k.shape[-2]
+    if lower_right and len_q > len_kv:
+        return False
+    ratio = q.shape[-3] // k.shape[-3]
+    k, v = (t.repeat_interleave(ratio, dim=-3) for t in (k, v))
     q4, k4, v4 = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (q, k, v))
     try:
         with sdpa_kernel(FUSED_BACKENDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if case.mask == "lower_right" and case.len_q < case.len_kv:
+            if lower_right and len_q < len_kv:
                 out = F.scaled_dot_product_attention(
-                    q4, k4, v4, attn_mask=causal_bias("lower_right", case.len_q, case.len_kv),
-                    scale=case.scale)
+                    q4, k4, v4, attn_mask=causal_bias("lower_right", len_q, len_kv), scale=scale)
             else:
-                out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=case.mask != "none",
-                                                     scale=case.scale)
-            out.reshape(case.out_shape).backward(grad_out)
+                out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+            out.reshape(tuple(q.shape[:-1]) + (v.shape[-1],)).backward(grad_out)
     except RuntimeError:
+        return False
+    return True
+
+
+def _fused_yardstick_grads(case, bases, make, grad_out):
+    """The gradients of PyTorch's own fused attention backward (fused_sdpa_backward) on the same
+    inputs, or None where none can run the call (a tensor mask, the CPU, float32, a scale <= 0, a
+    dtype or head dim they refuse). Our backward is one of that kind: it rounds P and dS to the
+    dtype before its last products, where SDPA's math backend (the default for 3-D or GQA calls)
+    does them in float32; on a peaked softmax that alone can be several times the math backend's
+    error."""
+    if (case.mask not in ("none", "causal", "upper_left", "lower_right") or case.dtype == torch.float32
+            or bases[0].device.type != "cuda" or case.scale is not None and case.scale <= 0):
+        return None
+    copies = [b.detach().clone().requires_grad_(b.requires_grad) for b in bases]
+    q, k, v = (t.clone(memory_format=torch.contiguous_format) for t in make(copies))
+    if not fused_sdpa_backward(q, k, v, grad_out, case.mask != "none", case.scale,
+                               lower_right=case.mask == "lower_right"):
         return None
     return [c.grad for c in copies]
 
 
-def _rel_error(t, ref):
+def relative_error(t, ref) -> float:
+    """||t - ref|| / ||ref|| over the finite elements of ref (0 for a missing t)."""
     if t is None or ref is None:
         return 0.0
     finite = torch.isfinite(ref)
@@ -411,7 +425,7 @@ def yardstick(case, bases, make, mask, grad_out, empty, ref, ref_grads):
     if grad_out is not None:
         fused = _fused_yardstick_grads(case, bases, make, grad_out)
         if fused is not None:
-            grads = [f if f is not None and _finite_where(f, r) and _rel_error(f, r) > _rel_error(g, r)
+            grads = [f if f is not None and _finite_where(f, r) and relative_error(f, r) > relative_error(g, r)
                      else g for g, f, r in zip(grads, fused, ref_grads)]
     return theirs, grads
 
