@@ -74,6 +74,7 @@ class AttentionStandIn:
 
     def __init__(self, monkeypatch):
         self.calls = []
+        self.decode_calls = []
         self._monkeypatch = monkeypatch
 
     def set_capability(self, capability):
@@ -97,6 +98,12 @@ class AttentionStandIn:
         exact = reference_attention(q, k, v, is_causal, scale,
                                     causal_offset=causal_offset_of(q, k, lower_right))[0]
         return out, lse, (exact - out.double()).to(q.dtype)
+
+    def decode(self, q, k, v, is_causal, scale, lower_right=False):
+        """tk::attention_fwd_decode: the same contract; its calls also go to .decode_calls."""
+        result = self(q, k, v, is_causal, scale, lower_right)
+        self.decode_calls.append(self.calls[-1])
+        return result
 
 
 class AttentionBackwardStandIn:
@@ -172,7 +179,7 @@ def cpu_kernel(monkeypatch):
     library = torch.library.Library("tk", "IMPL")
     library.impl("attention_fwd_sm80", standin, "CPU")
     library.impl("attention_fwd_sm90", standin, "CPU")
-    library.impl("attention_fwd_decode", standin, "CPU")  # the same contract (auto: short queries)
+    library.impl("attention_fwd_decode", standin.decode, "CPU")
     library.impl("attention_fwd_sm90_train", standin.training, "CPU")
     library.impl("attention_bwd_sm90", standin.backward, "CPU")
     pretend_sm90_build(monkeypatch, "attention")
