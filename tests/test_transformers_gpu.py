@@ -12,12 +12,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import thunderkittens.integrations.transformers as tk_transformers  # noqa: E402
+from thunderkittens._attention.decode import AUTO_MIN_LEN_KV  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = 4
-PROMPT = 300  # past the decode kernel's auto threshold from the first decoding step on
+PROMPT = AUTO_MIN_LEN_KV  # every decoding step sees more keys: auto picks the decode kernel
 NEW_TOKENS = 32
 
 
@@ -29,7 +30,7 @@ def models():
         pytest.skip("the training step's backward runs on sm_90 (elsewhere it is SDPA's)")
     config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=LAYERS,
                          num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-                         max_position_embeddings=1024)
+                         max_position_embeddings=4096)
     torch.manual_seed(0)
     name = tk_transformers.register()
     ours = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=name,
