@@ -30,6 +30,8 @@ Gradients, against float64 autograd of the same computation:
     and u * pregate, each rounded to 16 bits once (a correlation summed over batch and time, so
     those roundings average): its own 16-bit scheme makes 1.1 .. 1.8 eps (the bound of
     tests/test_fftconv_kernel_gpu.py), the result in k's dtype (fp32).
+The relative L2 bounds average the roundings of many elements: on outputs of fewer than 64
+elements (N = 1: y = u k, every rounding on one value) relative L2 is held to the max bound.
 fp32 and fp64 inputs (torch.fft in their own precision): relative L2 and max <= 1e-5 (fp32),
 1e-12 (fp64).
 """
@@ -124,8 +126,11 @@ def on_kernel(u, k, pregate=None, postgate=None, copies=()):
 
 
 def assert_within(got, ref, rel_bound, max_bound, what):
-    """relative L2 error <= rel_bound and max |error| <= max_bound * max|ref|."""
+    """relative L2 error <= rel_bound and max |error| <= max_bound * max|ref| (on fewer than 64
+    elements relative L2 <= max_bound: the docstring's rule)."""
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    if got.numel() < 64:
+        rel_bound = max(rel_bound, max_bound)
     assert torch.isfinite(got).all(), f"{what}: NaN/inf"
     err = got.double() - ref
     scale = max(ref.norm().item(), 1e-300)

@@ -13,7 +13,9 @@ multiplied exactly), gradients by float64 autograd. Tolerances:
     and the gates 4 eps and 8 eps; the filter's 3 eps and 4 eps. The kernels multiply 16-bit
     DFT matrices and round four intermediates (their model puts y at 0.8 .. 1.3 eps of relative
     L2 error), where one rounding of the result, the yardstick's whole error, is 0.42 eps: twice
-    the yardstick would ask for less than the kernels' documented design.
+    the yardstick would ask for less than the kernels' documented design. The relative L2
+    bounds average many elements' roundings: on fewer than 64 elements the max bound holds for
+    both.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ EDGE_LENGTHS = (1, 2, 7, 8, 9, 255, 256, 257, 1000, 1024, 4095, 4096, 4097, 8192
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # (relative L2, max relative to max|ref|) in units of eps, from the fixed tests' docstrings.
 KERNEL_BOUNDS = {"output": (2.0, 4.0), "gate": (4.0, 8.0), "filter": (3.0, 4.0)}
+# The relative L2 bounds are averages of the roundings over many elements; a handful of elements
+# (N = 1: y = u k, every rounding on the one value) is held to the max bound instead.
+MIN_AVERAGED = 64
 # Operand layouts of u and the gates: contiguous, every other head of a wider tensor (read in
 # place), a start 3 elements off, (B, N, H) memory viewed as (B, H, N) (both copied).
 LAYOUTS = ("contiguous", "heads_strided", "offset", "bnh")
@@ -186,10 +191,13 @@ def causal_conv(u, k, pregate, postgate, dtype):
 
 def assert_within_eps(what: str, out, ref, dtype, rel_factor: float, max_factor: float) -> None:
     """The kernels' rule (module docstring): relative L2 <= rel_factor eps and max error <=
-    max_factor eps * max|ref|, eps of the 16-bit ``dtype``; non-finite exactly where ref is."""
+    max_factor eps * max|ref|, eps of the 16-bit ``dtype``; non-finite exactly where ref is.
+    On fewer than MIN_AVERAGED elements the relative L2 bound is max_factor eps too."""
     out64 = out.detach().double()
     assert_nonfinite_match(what, out64, ref)
     eps = EPS[dtype]
+    if out64.numel() < MIN_AVERAGED:
+        rel_factor = max_factor
     diff = out64 - ref
     ref_norm, ref_max = ref.norm().item(), ref.abs().max().item()
     rel = diff.norm().item() / ref_norm if ref_norm > 0 else diff.norm().item()
