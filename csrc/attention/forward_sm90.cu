@@ -351,10 +351,14 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
         kt::for_each_slot(rescale, [&](int tt, int i, float& alpha) {
             const float m_new = new_max.data[tt][i];
             const bool empty = m_new == kt::neg_infinity();  // no visible key yet: shift by 0
-            shift.data[tt][i] = empty ? 0.f : m_new * g.scale_log2;
+            shift.data[tt][i] = empty ? 0.f : __fmul_rn(m_new, g.scale_log2);
             alpha = empty ? 1.f : exp2f((row_max.data[tt][i] - m_new) * g.scale_log2);
         });
-        kt::mul(s, s, g.scale_log2);
+        // P = exp2(s c - m c) with both products rounded alike (no FMA), so the row's largest
+        // score gives P = 1 exactly: a row with one visible key (or one dominant key) gets O = V
+        // and l = 1 exactly. Fused, P was 1 +- 3e-6 there, a normalisation error that the out
+        // residual passes on to the backward's delta, where dS = P (dP - delta) is about 0.
+        kt::mul_rn(s, s, g.scale_log2);
         kt::sub_row(s, s, shift);
         kt::exp2(s, s);
         kt::copy(row_max, new_max);

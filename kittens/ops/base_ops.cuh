@@ -19,6 +19,9 @@ struct add { template <typename T> __device__ static T op(T a, T b) { return a +
              __device__ static constexpr float identity() { return 0.f; } };
 struct sub { template <typename T> __device__ static T op(T a, T b) { return a - b; } };
 struct mul { template <typename T> __device__ static T op(T a, T b) { return a * b; } };
+// A product rounded on its own, never fused with a following add into one FMA: equal inputs
+// give bitwise equal products wherever they are computed.
+struct mul_rn { __device__ static float op(float a, float b) { return __fmul_rn(a, b); } };
 struct div { template <typename T> __device__ static T op(T a, T b) { return a / b; } };
 struct max { template <typename T> __device__ static T op(T a, T b) { return fmaxf(a, b); }
              __device__ static constexpr float identity() { return -__builtin_huge_valf(); } };
