@@ -229,8 +229,10 @@ def test_lower_right_gradients_tiny_lq_above_lk(len_q, len_kv, dtype, head_dim, 
 def test_training_forward_is_the_forward_plus_its_rounding_residual(len_q, len_kv, causal,
                                                                      lower_right, dtype):
     """attention_fwd_sm90_train's out and lse are bitwise the plain forward's; the residual is
-    within out's rounding step, and out + residual is closer to the exact result than out (the
-    kernel's float32 O carries the rounding of P for its P V product, so not by the full 2^8)."""
+    within out's rounding step, and out + residual is closer to the exact result than out: by
+    about 3x (max and mean), not by the full 2^8, since the kernel's float32 O carries the
+    rounding of P for its P V product; held here to 3/4. Where every row sees one key, out is
+    exact and the residual 0 (the kernel's P is exactly 1 at a row's largest score)."""
     seeded("residual", len_q, len_kv, causal, lower_right, dtype)
     for head_dim in HEAD_DIMS:
         q, k, v = make_qkv(2, 4, 2, len_q, len_kv, head_dim, dtype)
@@ -238,13 +240,18 @@ def test_training_forward_is_the_forward_plus_its_rounding_residual(len_q, len_k
         out_t, lse_t, residual = training_op(q, k, v, causal, 0.3, lower_right)
         assert torch.equal(out, out_t) and torch.equal(lse, lse_t)
         assert residual.shape == q.shape and residual.dtype == dtype and residual.is_contiguous()
-        exact = reference_attention(q, k, v, causal, 0.3,
-                                    causal_offset=causal_offset_of(q, k, lower_right))[0]
-        rounded = (out.double() - exact).abs().max().item()
-        refined = (out.double() + residual.double() - exact).abs().max().item()
-        assert rounded > 0 and refined < rounded / 2, (head_dim, rounded, refined)
         step = torch.finfo(dtype).eps * out.double().abs() + torch.finfo(dtype).tiny
         assert torch.isfinite(residual).all() and (residual.double().abs() <= step).all()
+        exact = reference_attention(q, k, v, causal, 0.3,
+                                    causal_offset=causal_offset_of(q, k, lower_right))[0]
+        rounded = (out.double() - exact).abs()
+        refined = (out.double() + residual.double() - exact).abs()
+        if rounded.max() == 0:
+            assert (residual == 0).all(), head_dim
+            continue
+        for stat in (torch.max, torch.mean):
+            assert stat(refined) < 0.75 * stat(rounded), (head_dim, stat.__name__, stat(rounded).item(),
+                                                         stat(refined).item())
 
 
 # A peaked softmax (large scale): dS = P (dP - delta) cancels almost to nothing on a row's
