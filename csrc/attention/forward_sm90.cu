@@ -354,12 +354,20 @@ __global__ void __launch_bounds__((C + 1) * 4 * kt::WARP_THREADS, 1)
             shift.data[tt][i] = empty ? 0.f : __fmul_rn(m_new, g.scale_log2);
             alpha = empty ? 1.f : exp2f((row_max.data[tt][i] - m_new) * g.scale_log2);
         });
-        // P = exp2(s c - m c) with both products rounded alike (no FMA), so the row's largest
-        // score gives P = 1 exactly: a row with one visible key (or one dominant key) gets O = V
-        // and l = 1 exactly. Fused, P was 1 +- 3e-6 there, a normalisation error that the out
-        // residual passes on to the backward's delta, where dS = P (dP - delta) is about 0.
-        kt::mul_rn(s, s, g.scale_log2);
-        kt::sub_row(s, s, shift);
+        // P = exp2(s c - m c). With out_residual (a training forward), both products are
+        // rounded alike (no FMA), so the row's largest score gives P = 1 exactly: a row with one
+        // visible (or one dominant) key gets O = V and l = 1 exactly. Fused into one FMA, P is
+        // 1 +- 3e-6 there, a normalisation error that the residual would pass on to the
+        // backward's delta, where dS = P (dP - delta) is about 0 (dq, dk 1e-4 where the exact
+        // gradient is 0). Inference keeps the FMA: one instruction less per score, and an
+        // error far below out's rounding.
+        if (g.out_residual != nullptr) {
+            kt::mul_rn(s, s, g.scale_log2);
+            kt::sub_row(s, s, shift);
+        } else {
+            kt::mul(s, s, g.scale_log2);
+            kt::sub_row(s, s, shift);
+        }
         kt::exp2(s, s);
         kt::copy(row_max, new_max);
         kt::mul(row_sum, row_sum, rescale);
