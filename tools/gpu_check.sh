@@ -15,7 +15,8 @@
 #   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv differential")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
 #   TK_PYTEST_ARGS    extra arguments for pytest (default where pytest-xdist is installed: "-n 8"
-#                     on GPUs of more than 100 GB, "-n 4" below: the GPU tests are independent)
+#                     on GPUs of more than 100 GB, "-n 4" below: the GPU tests are independent;
+#                     with --dist worksteal)
 #   TK_CHECK_BUDGET_S seconds the whole check may take (default 570, to fit a 10-minute limit on
 #                     one command); steps are cut short or skipped so the summary still prints
 #   PYTHON            interpreter (default python3)
@@ -159,7 +160,10 @@ if want test; then
         # 8 workers (each with the differential suite's case servers) ran an 80 GB H100 out of
         # memory; the 139 GB H200 takes them.
         GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+        # worksteal: the differential suite's shards, collected last, went to one worker and
+        # ran there one after another while the others sat idle.
         if [[ ${GPU_MIB:-0} -gt 100000 ]]; then TK_PYTEST_ARGS="-n 8"; else TK_PYTEST_ARGS="-n 4"; fi
+        TK_PYTEST_ARGS="$TK_PYTEST_ARGS --dist worksteal"
     fi
     # shellcheck disable=SC2086  # TK_PYTEST_ARGS is a list of words
     # -v: one line per test as it ends, so a run cut short by the time limit still names its
