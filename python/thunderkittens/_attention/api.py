@@ -44,8 +44,16 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     through the copies. The result is a new tensor: contiguous from the kernels, strided as
     SDPA makes it on the fallback.
     """
-    family, reason, attn_mask, is_causal, lower_right = plan.decide(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    decision = plan.decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return run_decided(decision, query, key, value, dropout_p, scale, enable_gqa)
+
+
+def run_decided(decision, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                dropout_p: float, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """tk.attention once plan.decide has made ``decision`` on the same arguments: for callers
+    that also need the decision (the transformers integration counts the paths), so that a call
+    decides once."""
+    family, reason, attn_mask, is_causal, lower_right = decision
     if family is None:
         _scaffold.fallback_or_raise(AttentionPlan, reason)
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-import thunderkittens as tk
+from thunderkittens._attention import api as _api
 from thunderkittens._attention import plan as _plan
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
@@ -95,7 +95,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     path = (f"kernel {decision.family.name}" if decision.family is not None
             else f"tk fallback: {decision.reason}")
     _counts[path] += 1
-    out = tk.attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
+    out = _api.run_decided(decision, query, key, value, 0.0, scaling, gqa)
     return out.transpose(1, 2).contiguous(), None
 
 
