@@ -239,11 +239,12 @@ def conforms(t: torch.Tensor) -> bool:
     """Whether a kernel can read ``t`` in place: last dim contiguous, the stride of every other
     dim of size > 1 a multiple of 16 bytes, data 16-byte aligned (strides of size-1 dims never
     matter: the C++ side replaces them with well-formed values)."""
-    if t.stride(-1) != 1:
+    strides = t.stride()  # one call for all dims: this runs on every op call's operands
+    if strides[-1] != 1:
         return False
     per_16_bytes = max(1, 16 // t.element_size())
-    for dim in range(t.dim() - 1):
-        if t.shape[dim] != 1 and t.stride(dim) % per_16_bytes != 0:
+    for size, stride in zip(t.shape[:-1], strides[:-1]):
+        if size != 1 and stride % per_16_bytes != 0:
             return False
     return is_aligned(t)
 
