@@ -139,18 +139,6 @@ if [[ $(package_dir) != "$ROOT/python/thunderkittens" ]]; then
 fi
 PACKAGE_LINE="thunderkittens from $(package_dir || echo '(not importable)')"
 
-# ---- SASS census ----------------------------------------------------------------------------
-CUOBJDUMP=$(find_tool cuobjdump)
-if want build && [[ -n $SO && -n $CUOBJDUMP ]]; then
-    banner "SASS census ($CUOBJDUMP)"
-    "$CUOBJDUMP" --dump-sass "$SO" > "$OUT/sass.txt" 2>&1
-    # Per kernel and arch: tensor-core, ldmatrix, cp.async, TMA, shared/global instructions.
-    "$PY" tools/kernel_report.py sass "$OUT/sass.txt" > "$OUT/sass_counts.log" 2>&1
-    # Where the spills are: local loads/stores per kernel, and how many in tensor-core loops.
-    "$PY" tools/kernel_report.py local "$OUT/sass.txt" > "$OUT/sass_local.log" 2>&1
-    gzip -f "$OUT/sass.txt"
-fi
-
 # ---- tests ----------------------------------------------------------------------------------
 PYTEST_RC=0
 if want test; then
@@ -171,6 +159,20 @@ if want test; then
     run_step pytest 540 "$PY" -m pytest tests -v -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
         -p no:benchmark > "$OUT/pytest.log" 2>&1
     PYTEST_RC=$?
+fi
+
+# ---- SASS census ----------------------------------------------------------------------------
+# After the tests: on an 80 GB H100 the build and the full pytest alone take most of one
+# 10-minute call, and the census (half a minute) can wait.
+CUOBJDUMP=$(find_tool cuobjdump)
+if want build && [[ -n $SO && -n $CUOBJDUMP ]]; then
+    banner "SASS census ($CUOBJDUMP)"
+    "$CUOBJDUMP" --dump-sass "$SO" > "$OUT/sass.txt" 2>&1
+    # Per kernel and arch: tensor-core, ldmatrix, cp.async, TMA, shared/global instructions.
+    "$PY" tools/kernel_report.py sass "$OUT/sass.txt" > "$OUT/sass_counts.log" 2>&1
+    # Where the spills are: local loads/stores per kernel, and how many in tensor-core loops.
+    "$PY" tools/kernel_report.py local "$OUT/sass.txt" > "$OUT/sass_local.log" 2>&1
+    gzip -f "$OUT/sass.txt"
 fi
 
 # "passed P, failed F, errors E, skipped S (of T)" from pytest's JUnit XML.
