@@ -51,6 +51,25 @@ inline void check_row_layout(const at::Tensor& t, const char* name, const char* 
                 "(x.clone(memory_format=torch.contiguous_format))");
 }
 
+// `t` (named `name`): a `rank`-D operand (dims named in `dims`) on q's device in q's dtype, in
+// the kernels' row layout.
+inline void check_row_operand(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t rank,
+                              const char* dims, const char* op) {
+    check_like(t, name, q, "q", op);
+    check_extents(t, name, rank, dims, op);
+    check_row_layout(t, name, op);
+}
+
+// q's 16-bit element type as a family's ElementType (an enum with members bf16 and fp16).
+template <typename ElementType>
+ElementType half_element_type(const at::Tensor& q, const char* op) {
+    switch (q.scalar_type()) {
+        case at::kBFloat16: return ElementType::bf16;
+        case at::kHalf: return ElementType::fp16;
+        default: TORCH_CHECK(false, op, "q must be bfloat16 or float16, got ", q.scalar_type());
+    }
+}
+
 // The strides of every dim but the last, outermost first, handed to the kernel for a `Rank`-D
 // tensor that passed check_row_layout. A dim of size 1 is never stepped over, so torch allows it
 // any stride (including 0 or an unaligned value); the kernel gets a well-formed row-major value

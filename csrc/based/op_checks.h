@@ -14,18 +14,10 @@
 namespace tk::based {
 
 inline void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, const char* op) {
-    check_like(t, name, q, "q", op);
-    check_extents(t, name, 4, "(batch, heads, length, dim)", op);
-    check_row_layout(t, name, op);
+    check_row_operand(t, name, q, 4, "(batch, heads, length, dim)", op);
 }
 
-inline ElementType element_type(const at::Tensor& q, const char* op) {
-    switch (q.scalar_type()) {
-        case at::kBFloat16: return ElementType::bf16;
-        case at::kHalf: return ElementType::fp16;
-        default: TORCH_CHECK(false, op, "q must be bfloat16 or float16, got ", q.scalar_type());
-    }
-}
+inline ElementType element_type(const at::Tensor& q, const char* op) { return half_element_type<ElementType>(q, op); }
 
 // q, k (batch, heads, length, 16) and v (batch, heads, length, 64 or 128), each a CUDA tensor the
 // kernels read in place, and a finite positive scale.

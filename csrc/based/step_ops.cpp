@@ -32,8 +32,7 @@ void check_tokens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     check_extents(q, "q", 4, "(batch, heads, tokens, 16)", op);
     check_extents(k, "k", 4, "(batch, heads, tokens, 16)", op);
     check_extents(v, "v", 4, "(batch, heads, tokens, value_dim)", op);
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, op,
-                "q must be bfloat16 or float16, got ", q.scalar_type());
+    half_element_type<ElementType>(q, op);  // q is bfloat16 or float16
     TORCH_CHECK(q.size(3) == FEATURE_DIM, op, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
     TORCH_CHECK(k.sizes() == q.sizes(), op, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
     TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), op,
@@ -102,7 +101,7 @@ at::Tensor launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     p.scale = scale;
     p.normalize = normalize;
     p.eps = static_cast<float>(eps);
-    p.dtype = q.scalar_type() == at::kBFloat16 ? ElementType::bf16 : ElementType::fp16;
+    p.dtype = half_element_type<ElementType>(q, op);
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     check_launch(step_sm80(p, stream), op);
