@@ -70,26 +70,31 @@ class KernelFamily:
 
     def unavailable_reason(self, capability: tuple[int, int]) -> str | None:
         """Why this family cannot run on a GPU of ``capability`` with this build, or None."""
-        gpu = _sm(capability)
+        # The messages are made only when returned: this runs on every op call.
         if self.exact_capability is not None and capability != self.exact_capability:
             if self.wrong_gpu_reason is not None:
-                return self.wrong_gpu_reason.format(gpu=gpu)
-            return f"the {self.name} kernels need an {_sm(self.exact_capability)} GPU, this one is {gpu}"
+                return self.wrong_gpu_reason.format(gpu=_sm(capability))
+            return (f"the {self.name} kernels need an {_sm(self.exact_capability)} GPU, this one is "
+                    f"{_sm(capability)}")
         if capability < self.min_capability:
-            return f"the {self.name} kernels need {_sm(self.min_capability)} or newer, this GPU is {gpu}"
-        built = ",".join(_extension.BUILT_ARCHS)
+            return (f"the {self.name} kernels need {_sm(self.min_capability)} or newer, this GPU is "
+                    f"{_sm(capability)}")
         if self.exact_capability is not None:
             # wgmma, TMA multicast and setmaxnreg exist only in arch-specific code (sm_90a).
             if not _extension.has_arch_specific_code_for(capability):
                 target = f"{capability[0]}{capability[1]}a"
-                return (f"this build has no sm_{target} code (built for {built}); rebuild with "
-                        f"e.g. TK_CUDA_ARCHS={target} {REBUILD}")
+                return (f"this build has no sm_{target} code (built for {_built_archs()}); rebuild "
+                        f"with e.g. TK_CUDA_ARCHS={target} {REBUILD}")
         elif not _extension.has_kernel_image_for(capability):
             # An sm_90 build is a 90a build: the sm90 kernels need it, and it runs these too.
             target = f"{capability[0]}{capability[1]}{'a' if capability == (9, 0) else ''}"
-            return (f"this build has no code for {gpu} (built for {built}); rebuild with e.g. "
-                    f"TK_CUDA_ARCHS={target} {REBUILD}")
+            return (f"this build has no code for {_sm(capability)} (built for {_built_archs()}); "
+                    f"rebuild with e.g. TK_CUDA_ARCHS={target} {REBUILD}")
         return None
+
+
+def _built_archs() -> str:
+    return ",".join(_extension.BUILT_ARCHS)
 
 
 # Each op's families, in the order "auto" prefers them.
