@@ -19,6 +19,18 @@ inline void check_operand(const at::Tensor& t, const char* name, const at::Tenso
 
 inline ElementType element_type(const at::Tensor& q, const char* op) { return half_element_type<ElementType>(q, op); }
 
+// The shapes of 4-D q, k (batch, heads, rows, 16) and v (batch, heads, rows, 64 or 128); `rows`
+// names their third dim in the messages ("length" for a sequence, "tokens" for a decoding step).
+inline void check_qkv_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* rows,
+                             const char* op) {
+    TORCH_CHECK(q.size(3) == FEATURE_DIM, op, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
+    TORCH_CHECK(k.sizes() == q.sizes(), op, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
+    TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), op,
+                "v must be (batch, heads, ", rows, ", value_dim) with q's batch, heads and ", rows, ", got v ",
+                v.sizes(), " and q ", q.sizes());
+    TORCH_CHECK(v.size(3) == 64 || v.size(3) == 128, op, "v's value_dim must be 64 or 128, got ", v.size(3));
+}
+
 // q, k (batch, heads, length, 16) and v (batch, heads, length, 64 or 128), each a CUDA tensor the
 // kernels read in place, and a finite positive scale.
 inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const char* op) {
@@ -26,12 +38,7 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     check_operand(q, "q", q, op);
     check_operand(k, "k", q, op);
     check_operand(v, "v", q, op);
-    TORCH_CHECK(q.size(3) == FEATURE_DIM, op, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
-    TORCH_CHECK(k.sizes() == q.sizes(), op, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
-    TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), op,
-                "v must be (batch, heads, length, value_dim) with q's batch, heads and length, got v ", v.sizes(),
-                " and q ", q.sizes());
-    TORCH_CHECK(v.size(3) == 64 || v.size(3) == 128, op, "v's value_dim must be 64 or 128, got ", v.size(3));
+    check_qkv_shapes(q, k, v, "length", op);
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 }
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "based/op_checks.h"
 #include "based/step.h"
 #include "operand_checks.h"
 
@@ -32,13 +33,8 @@ void check_tokens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     check_extents(q, "q", 4, "(batch, heads, tokens, 16)", op);
     check_extents(k, "k", 4, "(batch, heads, tokens, 16)", op);
     check_extents(v, "v", 4, "(batch, heads, tokens, value_dim)", op);
-    half_element_type<ElementType>(q, op);  // q is bfloat16 or float16
-    TORCH_CHECK(q.size(3) == FEATURE_DIM, op, "q feature dim must be ", FEATURE_DIM, ", got shape ", q.sizes());
-    TORCH_CHECK(k.sizes() == q.sizes(), op, "k must have q's shape ", q.sizes(), ", got ", k.sizes());
-    TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), op,
-                "v must be (batch, heads, tokens, value_dim) with q's batch, heads and tokens, got v ", v.sizes(),
-                " and q ", q.sizes());
-    TORCH_CHECK(v.size(3) == 64 || v.size(3) == 128, op, "v's value_dim must be 64 or 128, got ", v.size(3));
+    element_type(q, op);  // q is bfloat16 or float16
+    check_qkv_shapes(q, k, v, "tokens", op);
     TORCH_CHECK(q.size(0) * q.size(1) <= std::numeric_limits<int>::max(), op,
                 "batch * heads must fit in a 32-bit int, got ", q.size(0), " * ", q.size(1));
 }
@@ -101,7 +97,7 @@ at::Tensor launch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     p.scale = scale;
     p.normalize = normalize;
     p.eps = static_cast<float>(eps);
-    p.dtype = half_element_type<ElementType>(q, op);
+    p.dtype = element_type(q, op);
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     check_launch(step_sm80(p, stream), op);
