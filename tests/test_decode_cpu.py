@@ -10,13 +10,6 @@ from thunderkittens._attention import decode
 from reference import reference_attention
 
 
-@pytest.fixture
-def decode_kernel(cpu_kernel):
-    """cpu_kernel (conftest: the CPU is an sm_90 GPU, sm80/sm90 stand-ins, and a stand-in for
-    tk::attention_fwd_decode whose calls are recorded in .decode_calls)."""
-    return cpu_kernel
-
-
 def bf16(*shape, requires_grad=False):
     return torch.randn(*shape, dtype=torch.bfloat16, requires_grad=requires_grad)
 
@@ -31,13 +24,13 @@ DECODE_PLAN = "kernel tk.attention_fwd_decode [decode mma.sync split-kv]"
 
 @pytest.mark.parametrize("len_q, len_kv, head_dim", [(1, 2048, 128), (1, 4096, 64), (16, 3000, 96),
                                                      (7, 10000, 128)])
-def test_auto_picks_decode_for_short_queries_against_long_keys(decode_kernel, len_q, len_kv, head_dim):
+def test_auto_picks_decode_for_short_queries_against_long_keys(cpu_kernel, len_q, len_kv, head_dim):
     q, k, v = qkv(len_q, len_kv, head_dim)
     assert str(tk.explain(q, k, v, enable_gqa=True)) == f"{DECODE_PLAN} bf16 d={head_dim} full gqa=4"
     bias = torch.nn.attention.bias.causal_lower_right(len_q, len_kv)
     assert str(tk.explain(q, k, v, attn_mask=bias, enable_gqa=True)).startswith(DECODE_PLAN)
     out = tk.attention(q, k, v, attn_mask=bias, enable_gqa=True)
-    call = decode_kernel.decode_calls[-1]
+    call = cpu_kernel.decode_calls[-1]
     assert call["is_causal"] is True and call["lower_right"] is (len_q != len_kv)
     assert call["k"].shape == k.shape  # the kv heads as they are: no repeated copies
     ref, _ = reference_attention(q, k, v, True, head_dim ** -0.5, causal_offset=len_kv - len_q)
@@ -45,13 +38,13 @@ def test_auto_picks_decode_for_short_queries_against_long_keys(decode_kernel, le
 
 
 @pytest.mark.parametrize("len_q, len_kv", [(17, 4096), (1, 2047), (1, 512), (64, 64), (300, 333)])
-def test_auto_keeps_the_forward_kernel_elsewhere(decode_kernel, len_q, len_kv):
+def test_auto_keeps_the_forward_kernel_elsewhere(cpu_kernel, len_q, len_kv):
     q, k, v = qkv(len_q, len_kv)
     assert str(tk.explain(q, k, v, enable_gqa=True)).startswith("kernel tk.attention_fwd_sm90 ")
     assert len_q > decode.AUTO_MAX_LEN_Q or len_kv < decode.AUTO_MIN_LEN_KV
 
 
-def test_calls_that_need_gradients_keep_the_family_with_a_backward(decode_kernel):
+def test_calls_that_need_gradients_keep_the_family_with_a_backward(cpu_kernel):
     q, k, v = qkv(1, 4096)
     q.requires_grad_()
     plan = tk.explain(q, k, v, enable_gqa=True)
@@ -64,13 +57,13 @@ def test_calls_that_need_gradients_keep_the_family_with_a_backward(decode_kernel
                              "no backward")
 
 
-def test_forced_decode_takes_up_to_64_query_rows(decode_kernel):
+def test_forced_decode_takes_up_to_64_query_rows(cpu_kernel):
     with tk.use_kernel("decode"):
         q, k, v = qkv(64, 64)
         assert str(tk.explain(q, k, v, is_causal=True, enable_gqa=True)) == \
             f"{DECODE_PLAN} bf16 d=128 causal gqa=4"
         tk.attention(q, k, v, is_causal=True, enable_gqa=True)
-        assert decode_kernel.decode_calls[-1]["is_causal"] is True
+        assert cpu_kernel.decode_calls[-1]["is_causal"] is True
         q, k, v = qkv(65, 4096)
         plan = tk.explain(q, k, v, enable_gqa=True)
         assert not plan.uses_kernel
@@ -80,16 +73,16 @@ def test_forced_decode_takes_up_to_64_query_rows(decode_kernel):
             tk.attention(q, k, v, enable_gqa=True)
 
 
-def test_head_dims_outside_the_kernels_fall_back(decode_kernel):
+def test_head_dims_outside_the_kernels_fall_back(cpu_kernel):
     q, k, v = qkv(1, 4096, head_dim=80)
     assert tk.explain(q, k, v, enable_gqa=True).reason.startswith("head dim 80 is not supported")
     with tk.use_kernel("decode"):
         assert not tk.explain(q, k, v, enable_gqa=True).uses_kernel
 
 
-def test_auto_needs_decode_code_for_this_gpu(decode_kernel, monkeypatch):
+def test_auto_needs_decode_code_for_this_gpu(cpu_kernel, monkeypatch):
     # A GPU older than sm_80 has no decode code: auto keeps whatever family runs (none here).
-    decode_kernel.set_capability((7, 5))
+    cpu_kernel.set_capability((7, 5))
     q, k, v = qkv(1, 4096)
     assert not tk.explain(q, k, v, enable_gqa=True).uses_kernel
 
@@ -102,10 +95,10 @@ def test_fake_implementation_gives_the_forward_contract():
     assert lse.shape == (2, 8, 3) and lse.dtype == torch.float32
 
 
-def test_compiled_call_runs_the_decode_op(decode_kernel):
+def test_compiled_call_runs_the_decode_op(cpu_kernel):
     q, k, v = qkv(1, decode.AUTO_MIN_LEN_KV)
     compiled = torch.compile(lambda q, k, v: tk.attention(q, k, v, enable_gqa=True), fullgraph=True,
                              backend="aot_eager")
     out = compiled(q, k, v)
-    assert len(decode_kernel.decode_calls) == 1
+    assert len(cpu_kernel.decode_calls) == 1
     assert torch.equal(out, tk.attention(q, k, v, enable_gqa=True))
