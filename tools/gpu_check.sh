@@ -9,8 +9,10 @@
 #   TK_CUDA_ARCHS     build targets (default 90a: Hopper)
 #   MAX_JOBS          parallel compile jobs (default 16)
 #   TK_CHECK_STEPS    steps to run, comma list of build,test,sanitize,bench (default all). Split a
-#                     long check over two calls, e.g. build,test then sanitize,bench: the build
-#                     stays on a warm machine.
+#                     long check over calls: the build stays on a warm machine. `test` is the whole
+#                     suite; `test-fixed` (all but the differential suite, test_differential_*.py)
+#                     and `test-differential` are its two halves, for when build and the whole
+#                     suite do not fit one 10-minute call.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
 #   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv differential")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
@@ -42,6 +44,15 @@ declare -a SUMMARY=()
 FAILED=0
 
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
+# The test step's pytest paths: the whole suite, or one of its halves.
+TEST_PATHS=()
+if want test || { want test-fixed && want test-differential; }; then TEST_PATHS=(tests)
+else
+    want test-fixed && TEST_PATHS+=(tests --ignore=tests/test_differential_gpu.py
+                                    --ignore=tests/test_differential_cpu.py)
+    want test-differential && TEST_PATHS+=(tests/test_differential_gpu.py tests/test_differential_cpu.py)
+fi
+want_tests() { ((${#TEST_PATHS[@]} > 0)); }
 note() { SUMMARY+=("$1"); }
 banner() { echo "== $* ($(date +%H:%M:%S))"; }
 
@@ -141,8 +152,8 @@ PACKAGE_LINE="thunderkittens from $(package_dir || echo '(not importable)')"
 
 # ---- tests ----------------------------------------------------------------------------------
 PYTEST_RC=0
-if want test; then
-    banner "pytest"
+if want_tests; then
+    banner "pytest ${TEST_PATHS[*]}"
     rm -f "$OUT/junit.xml"
     if [[ -z ${TK_PYTEST_ARGS+set} ]] && "$PY" -c "import xdist" 2> /dev/null; then
         # 8 workers (each with the differential suite's case servers) ran an 80 GB H100 out of
@@ -156,7 +167,7 @@ if want test; then
     # shellcheck disable=SC2086  # TK_PYTEST_ARGS is a list of words
     # -v: one line per test as it ends, so a run cut short by the time limit still names its
     # failures (grep ' FAILED ' pytest.log).
-    run_step pytest 540 "$PY" -m pytest tests -v -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
+    run_step pytest 540 "$PY" -m pytest "${TEST_PATHS[@]}" -v -rfEs ${TK_PYTEST_ARGS:-} --junitxml="$OUT/junit.xml" \
         -p no:benchmark > "$OUT/pytest.log" 2>&1
     PYTEST_RC=$?
 fi
@@ -233,7 +244,7 @@ if want build; then
         grep -v 'in-hot-loop=0 ' "$OUT/sass_local.log" | head -10 | cut -c1-200
     fi
 fi
-if want test && [[ -s $OUT/pytest.log ]]; then
+if want_tests && [[ -s $OUT/pytest.log ]]; then
     counts=$([[ -s $OUT/junit.xml ]] && pytest_counts "$OUT/junit.xml")
     echo "-- pytest: ${counts:-(no junit.xml)} | exit status $PYTEST_RC | $(tail -1 "$OUT/pytest.log" | cut -c1-200)"
     grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -25 | cut -c1-240

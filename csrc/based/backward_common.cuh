@@ -338,7 +338,7 @@ __device__ __forceinline__ void split_high_low(tile<T>& high, tile<T>& low, cons
 
 // A row tile's gradient with Dv = 128: the two warps of the row tile (value columns 0..63 and
 // 64..127) add their parts; the second hands its part over through shared memory in fragment
-// order and goes on. Returns whether this warp holds the sum (and stores it).
+// order. Returns whether this warp holds the sum (and stores it).
 struct PartExchange {
     float2 part[ROW_TILES][4][kt::WARP_THREADS];
 };
@@ -350,12 +350,14 @@ __device__ __forceinline__ bool combine_groups(acc_tile& out, PartExchange& exch
     } else {
         static_assert(GROUPS == 2);
         const int lane = kt::lane_id();
-        // Named barrier 1 + row_tile, for the row tile's two warps: the writer arrives, the reader
-        // waits (and has read before the next chunk's block-wide barrier lets the writer on).
+        // Named barrier 1 + row_tile, for the row tile's two warps: the writer's part is in shared
+        // memory before the reader reads it, and the reader has read it before the next chunk's
+        // block-wide barrier lets the writer on. Both sides wait (bar.sync): with the writer only
+        // arriving, compute-sanitizer's racecheck reported hazards on the stages around it.
         if (group == 1) {
 #pragma unroll
             for (int k = 0; k < 4; k++) exchange.part[row_tile][k][lane] = out.tiles[0][0].data[k];
-            kt::warp::arrive_at<2 * kt::WARP_THREADS>(1 + row_tile);
+            kt::warp::sync_with<2 * kt::WARP_THREADS>(1 + row_tile);
             return false;
         }
         kt::warp::sync_with<2 * kt::WARP_THREADS>(1 + row_tile);
