@@ -74,6 +74,10 @@ TORCH_LIBRARY(tk, m) {
     // output_final_state, else an empty tensor.
     m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
+    // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel. Its gradients are
+    // based_bwd_sm80's (the backward reads only the inputs and o).
+    m.def("based_fwd_sm90(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
+          "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
     // Gradients of based_fwd_sm80 without normalize (csrc/based/backward_params.h), mma.sync
     // kernels (sm_80 and newer): grad_out (the gradient of o) of v's shape; initial_state as the
     // forward took it (or None); grad_final_state, the gradient of the forward's final state (or
@@ -184,6 +188,11 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_not_built(const at::Tensor&, c
                                                              bool) {
     family_not_built("based_fwd_sm80", "based");
 }
+std::tuple<at::Tensor, at::Tensor> based_fwd_sm90_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             double, bool, double, const std::optional<at::Tensor>&,
+                                                             bool) {
+    family_not_built("based_fwd_sm90", "based");
+}
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_not_built(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool) {
@@ -220,6 +229,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_BASED
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
+    m.impl("based_fwd_sm90", &based_fwd_sm90_not_built);
     m.impl("based_bwd_sm80", &based_bwd_sm80_not_built);
     m.impl("based_step_sm80", &based_step_sm80_not_built);
     m.impl("based_step_inplace_sm80", &based_step_inplace_sm80_not_built);

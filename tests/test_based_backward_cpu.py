@@ -1,5 +1,5 @@
 """tk.based's gradients on the kernel path, on the CPU: the autograd formula of
-tk::based_fwd_sm80 (thunderkittens/_based/autograd.py) with CPU stand-ins of the forward and
+tk::based_fwd_sm90 and tk::based_fwd_sm80 (thunderkittens/_based/autograd.py; each family in turn) with CPU stand-ins of the forward and
 backward ops that follow the ops' contracts in float64, against float64 autograd of the
 definition. This checks everything around the backward kernels: the normaliser's share of the
 gradient with normalize=True, the initial state's and the final state's parts the kernels do not
@@ -16,7 +16,7 @@ import thunderkittens as tk
 from thunderkittens._based import autograd, plan, reference
 
 from differential.standins import based_backward_contract
-from gpu_support import kernel_standin
+from gpu_support import kernel_standin, kernel_standins
 
 FEATURES = 16
 SCALE = 0.25
@@ -46,12 +46,16 @@ class BackwardStandIn:
                                        grad_initial_state)
 
 
-@pytest.fixture
-def cpu_kernels(monkeypatch):
+@pytest.fixture(params=["sm90", "sm80"])
+def cpu_kernels(monkeypatch, request):
+    """Stand-ins of both forward ops and the backward op, with the family of the parameter picked
+    (``auto`` on the pretended Hopper, or sm80 forced); .family names it."""
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
     backward = BackwardStandIn()
-    with kernel_standin(monkeypatch, "based_fwd_sm80", "based", forward_standin), \
-            kernel_standin(monkeypatch, "based_bwd_sm80", "based", backward):
+    backward.family = request.param
+    with kernel_standins(monkeypatch, "based", {"based_fwd_sm90": forward_standin, "based_fwd_sm80": forward_standin}), \
+            kernel_standin(monkeypatch, "based_bwd_sm80", "based", backward), \
+            tk.use_kernel("auto" if request.param == "sm90" else "sm80", op="based"):
         yield backward
 
 
@@ -91,7 +95,7 @@ def test_gradients_through_the_kernel_path(cpu_kernels, normalize, with_initial,
     leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([s0.clone().requires_grad_()] if with_initial else [])
     plan_text = str(tk.explain_based(*leaves[:3], normalize=normalize, initial_state=leaves[3] if with_initial else None,
                                      output_final_state=with_final))
-    assert plan_text.startswith("kernel tk.based_fwd_sm80"), plan_text
+    assert plan_text.startswith(f"kernel tk.based_fwd_{cpu_kernels.family}"), plan_text
     assert "(gradients: tk.based_bwd_sm80" in plan_text
     assert ("normaliser's share by PyTorch" in plan_text) == normalize
     result = tk.based(*leaves[:3], normalize=normalize, initial_state=leaves[3] if with_initial else None,

@@ -1,6 +1,7 @@
 """tk.based and tk.based_step on the CPU: the references against each other and the definition,
 the reference path (outputs, state, gradients, decoding), argument checks, explain, strict mode,
-and the kernel path against a CPU stand-in of tk::based_fwd_sm80 (operands it is handed, the
+and the kernel path against a CPU stand-in of tk::based_fwd_sm90 and tk::based_fwd_sm80, each family
+in turn (``auto`` on the pretended Hopper, and sm80 forced) (operands it is handed, the
 fake implementation under torch.compile, opcheck)."""
 
 import math
@@ -11,7 +12,7 @@ import torch
 import thunderkittens as tk
 from thunderkittens._based import reference
 
-from gpu_support import kernel_standin
+from gpu_support import kernel_standins
 
 
 def inputs(b=2, h=3, n=50, f=16, dv=64, dtype=torch.float64, seed=0, requires_grad=False):
@@ -173,7 +174,7 @@ def test_strict_mode_refuses_the_reference():
 
 
 class BasedStandIn:
-    """CPU implementation of tk::based_fwd_sm80 (float64 quadratic reference), recording calls."""
+    """CPU implementation of tk::based_fwd_sm80 / _sm90 (float64 quadratic reference), recording calls."""
 
     def __init__(self):
         self.calls = []
@@ -189,9 +190,18 @@ class BasedStandIn:
         return out.to(q.dtype), final
 
 
-@pytest.fixture
-def cpu_based(monkeypatch):
-    with kernel_standin(monkeypatch, "based_fwd_sm80", "based", BasedStandIn()) as standin:
+# What explain says for each forward family, and the choice that picks it on (pretended) Hopper.
+KERNEL_TEXT = {"sm90": "kernel tk.based_fwd_sm90 [sm90 wgmma+tma]", "sm80": "kernel tk.based_fwd_sm80 [sm80 mma.sync]"}
+CHOICE = {"sm90": "auto", "sm80": "sm80"}
+
+
+@pytest.fixture(params=["sm90", "sm80"])
+def cpu_based(monkeypatch, request):
+    """The stand-in as both families' op, with the family of the parameter picked; .family names it."""
+    standin = BasedStandIn()
+    standin.family = request.param
+    with kernel_standins(monkeypatch, "based", {"based_fwd_sm90": standin, "based_fwd_sm80": standin}), \
+            tk.use_kernel(CHOICE[request.param], op="based"):
         yield standin
 
 
@@ -200,7 +210,7 @@ def test_kernel_path_reads_a_transposed_layout_in_place(cpu_based):
     q = torch.randn(b, n, h, 16, dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(b, n, h, 16, dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(b, n, h, 64, dtype=torch.bfloat16).transpose(1, 2)
-    assert str(tk.explain_based(q, k, v)) == "kernel tk.based_fwd_sm80 [sm80 mma.sync] bf16 dv=64"
+    assert str(tk.explain_based(q, k, v)) == f"{KERNEL_TEXT[cpu_based.family]} bf16 dv=64"
     out = tk.based(q, k, v)
     (call,) = cpu_based.calls
     assert call["q"].data_ptr() == q.data_ptr() and call["v"].data_ptr() == v.data_ptr()
@@ -220,7 +230,7 @@ def test_kernel_path_with_states_and_normalize(cpu_based):
     q, k, v = inputs(n=20, dtype=torch.bfloat16)
     state0 = torch.randn(2, 3, 273, 65, dtype=torch.float64)
     plan = str(tk.explain_based(q, k, v, normalize=True, initial_state=state0, output_final_state=True))
-    assert plan == "kernel tk.based_fwd_sm80 [sm80 mma.sync] bf16 dv=64 normalized + initial state -> final state"
+    assert plan == f"{KERNEL_TEXT[cpu_based.family]} bf16 dv=64 normalized + initial state -> final state"
     out, state = tk.based(q, k, v, normalize=True, initial_state=state0, output_final_state=True)
     assert state.dtype == torch.float32 and state.shape == (2, 3, 273, 65)
     assert cpu_based.calls[0]["initial_state"].dtype == torch.float32
@@ -251,6 +261,6 @@ def test_kernel_path_under_torch_compile(cpu_based):
 def test_opcheck(cpu_based, output_final_state):
     q, k, v = inputs(n=16, dtype=torch.bfloat16)
     state0 = torch.randn(2, 3, 273, 65)
-    torch.library.opcheck(torch.ops.tk.based_fwd_sm80.default,
+    torch.library.opcheck(getattr(torch.ops.tk, f"based_fwd_{cpu_based.family}").default,
                           (q, k, v, 0.25, True, 1e-6, state0, output_final_state),
                           test_utils=("test_schema", "test_faketensor"))

@@ -1,5 +1,7 @@
-"""tk.based and tk.based_step on a GPU, called as users call them: the kernel path (explain says
-``kernel tk.based_fwd_sm80``, and strict mode turns any fallback into an error) against a float64
+"""tk.based and tk.based_step on a GPU, called as users call them, once per forward family that runs
+on the GPU (sm90 on Hopper, picked by ``auto``; sm80, forced there with use_kernel): the kernel
+path (explain says ``kernel tk.based_fwd_sm90`` or ``_sm80``, and strict mode turns any fallback
+into an error) against a float64
 reference for both dtypes, value dims 64 and 128, normalize on and off, odd lengths (1, 17, 63,
 1000, 4097), initial and final state, (B, N, H, D) memory read in place as (B, H, N, D), views the
 kernel cannot read (copied, and still right), a prefix then based_step token by token equal to
@@ -31,6 +33,7 @@ import pytest
 import torch
 
 import thunderkittens as tk
+from thunderkittens import _extension
 from gpu_support import (BASED_FEATURES as FEATURES, BASED_SCALE as DEFAULT_SCALE, BASED_STATE_ROWS as STATE_ROWS,
                          assert_within_torch_error, based_batch_heads_for as batch_heads_for, based_in_dtype,
                          based_reference as reference, based_state_from_prefix as state_from_prefix,
@@ -47,12 +50,23 @@ LENGTHS = [1, 17, 63, 1000, 4097]
 ERROR_FACTOR = 2.0
 SLACK = 1e-6  # relative to max |ref|: fp32 accumulation noise
 STATE_SLACK = 1e-6
-KERNEL = "kernel tk.based_fwd_sm80 [sm80 mma.sync]"
+KERNEL_TEXT = {"sm90": "kernel tk.based_fwd_sm90 [sm90 wgmma+tma]", "sm80": "kernel tk.based_fwd_sm80 [sm80 mma.sync]"}
+# The family the module's tests run on now (the fixture below sets it).
+family = {"name": "sm80"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def gpu_with_the_based_kernel():
+@pytest.fixture(scope="module", autouse=True, params=["sm90", "sm80"])
+def gpu_with_the_based_kernel(request):
+    """Every test once per forward family this GPU runs: sm90 (Hopper only, what ``auto`` picks
+    there), then sm80 (forced on Hopper)."""
     require_family_gpu("based")
+    if request.param == "sm90" and not (torch.cuda.get_device_capability() == (9, 0)
+                                        and _extension.has_arch_specific_code_for((9, 0))):
+        pytest.skip("the sm90 Based kernel needs an sm_90 GPU and a 90a build")
+    on_hopper = torch.cuda.get_device_capability() == (9, 0)
+    family["name"] = request.param
+    with tk.use_kernel("sm80" if request.param == "sm80" and on_hopper else "auto", op="based"):
+        yield request.param
 
 
 def make_inputs(batch, heads, length, value_dim, dtype, requires_grad=False):
@@ -65,7 +79,7 @@ def make_inputs(batch, heads, length, value_dim, dtype, requires_grad=False):
 
 
 def kernel_plan_text(dtype, value_dim, normalize=False, initial_state=False, final_state=False, copies=()):
-    parts = [KERNEL, DTYPE_NAMES[dtype], f"dv={value_dim}"]
+    parts = [KERNEL_TEXT[family["name"]], DTYPE_NAMES[dtype], f"dv={value_dim}"]
     if normalize:
         parts.append("normalized")
     if initial_state:
@@ -122,7 +136,7 @@ def test_explain_names_the_kernel(dtype, value_dim):
     q, k, v = make_inputs(2, 3, 100, value_dim, dtype)
     expected = kernel_plan_text(dtype, value_dim)
     assert str(tk.explain_based(q, k, v)) == expected
-    with tk.use_kernel("sm80", op="based"):
+    with tk.use_kernel(family["name"], op="based"):
         assert str(tk.explain_based(q, k, v)) == expected
     # Inputs that require grad but under no_grad (inference) take the kernel too.
     q.requires_grad_()

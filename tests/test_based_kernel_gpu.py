@@ -1,4 +1,5 @@
-"""tk::based_fwd_sm80 (the mma.sync Based forward) on a GPU, called as the op, against a float64
+"""tk::based_fwd_sm90 (the TMA + wgmma Based forward, on Hopper) and tk::based_fwd_sm80 (the mma.sync
+one), each in turn on a GPU that runs it, called as the op, against a float64
 quadratic reference: both dtypes, value dims 64 and 128, normalize on and off, lengths around the
 64-row chunk (1, 17, 63, 64, 65, 1000, 4097), initial and final state (a prefix, then the rest
 from its state, equals the whole sequence), strided inputs read in place, outputs that must be
@@ -47,17 +48,34 @@ SLACK = 1e-6  # relative to max |ref|: fp32 accumulation noise
 STATE_SLACK = 1e-6
 
 
+# The op the module's tests call now (the fixture below sets it).
+family = {"op": "based_fwd_sm80"}
+
+
 def op(q, k, v, scale=DEFAULT_SCALE, normalize=False, eps=1e-6, initial_state=None, output_final_state=False):
-    return torch.ops.tk.based_fwd_sm80(q, k, v, scale, normalize, eps, initial_state, output_final_state)
+    return getattr(torch.ops.tk, family["op"])(q, k, v, scale, normalize, eps, initial_state, output_final_state)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_must_run_here():
+def runs_sm90():
+    from thunderkittens import _extension
+
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and _extension.has_arch_specific_code_for((9, 0)))
+
+
+@pytest.fixture(scope="module", autouse=True, params=["based_fwd_sm90", "based_fwd_sm80"])
+def kernel_must_run_here(request):
+    """Every test once per forward op this GPU runs (based_fwd_sm90 on Hopper only)."""
+    if request.param == "based_fwd_sm90" and not runs_sm90():
+        pytest.skip("tk::based_fwd_sm90 needs an sm_90 GPU and a 90a build")
+    family["op"] = request.param
+
     def probe():
         q = torch.zeros(1, 1, 1, FEATURES, device="cuda", dtype=torch.bfloat16)
         op(q, q, torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16))
 
-    require_kernel_op("based", "based_fwd_sm80", probe)
+    require_kernel_op("based", request.param, probe)
+    return request.param
 
 
 def make_inputs(batch, heads, length, value_dim, dtype, v_mean=0.0):
@@ -329,7 +347,10 @@ def benchmark(value_dims=(64, 128), lengths=(1024, 2048, 4096, 8192, 16384), bat
             q = torch.randn(batch, length, heads, FEATURES, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(batch, length, heads, FEATURES, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(batch, length, heads, value_dim, device="cuda", dtype=torch.bfloat16)
-            runs = {"tk based_fwd_sm80": lambda: op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))}
+            ops = ["based_fwd_sm90", "based_fwd_sm80"] if runs_sm90() else ["based_fwd_sm80"]
+            runs = {f"tk {name}": lambda name=name: getattr(torch.ops.tk, name)(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), DEFAULT_SCALE, False, 1e-6, None, False)
+                for name in ops}
             for name, peer in peers.items():
                 runs[name] = lambda peer=peer: peer(q, k, v)
             times = {name: [] for name in runs}

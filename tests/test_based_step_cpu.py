@@ -79,7 +79,7 @@ def test_explain_on_the_cpu_and_strict_mode():
     state = a_state()
     plan = tk.explain_based_step(q, k, v, state)
     assert isinstance(plan, tk.BasedStepPlan) and not plan.uses_kernel
-    reason = "inputs are on cpu; the kernel needs a CUDA GPU"
+    reason = "inputs are on cpu; the kernels need a CUDA GPU"
     assert str(plan) == f"fallback PyTorch ops: {reason}"
     message = f"tk.based_step would fall back to PyTorch ops: {reason}"
     with tk.strict(), pytest.raises(tk.FallbackError, match=re.escape(message)):

@@ -1,9 +1,9 @@
-// CUDA implementation of tk::based_fwd_sm80: re-check the inputs (cheaply: shapes, dtypes,
+// CUDA implementations of tk::based_fwd_sm80 and tk::based_fwd_sm90 (one contract, two kernels): re-check the inputs (cheaply: shapes, dtypes,
 // devices, strides, alignment; never data), allocate the outputs, describe the call in a plain
 // ForwardParams struct and launch the kernel on the current stream of q's device.
 //
 // The Python layer (thunderkittens.based) makes inputs conform; these checks are for direct
-// callers of torch.ops.tk.based_fwd_sm80, and they name the offending argument.
+// callers of torch.ops.tk.based_fwd_sm80/_sm90, and they name the offending argument.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -17,17 +17,22 @@
 #include <vector>
 
 #include "based/op_checks.h"
+#include "device_facts.h"
 #include "based/params.h"
 
 namespace tk::based {
 namespace {
 
-constexpr const char* kOp = "tk::based_fwd_sm80: ";
+constexpr const char* kSm80Op = "tk::based_fwd_sm80: ";
+constexpr const char* kSm90Op = "tk::based_fwd_sm90: ";
 
-std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                       double scale, bool normalize, double eps,
-                                                       const std::optional<at::Tensor>& initial_state,
-                                                       bool output_final_state) {
+using ForwardKernel = cudaError_t (*)(const ForwardParams&, cudaStream_t);
+
+std::tuple<at::Tensor, at::Tensor> forward_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                double scale, bool normalize, double eps,
+                                                const std::optional<at::Tensor>& initial_state,
+                                                bool output_final_state, ForwardKernel kernel, bool needs_sm90,
+                                                const char* kOp) {
     check_qkv(q, k, v, scale, kOp);
     const ElementType dtype = element_type(q, kOp);
     const int64_t batch = q.size(0), heads = q.size(1), len = q.size(2), value_dim = v.size(3);
@@ -40,6 +45,7 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, cons
     const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape, kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
+    if (needs_sm90) check_sm90(q.device(), kOp, "tk.based picks the sm80 kernel there");
     at::Tensor out = at::empty({batch, heads, len, value_dim}, q.options());
     at::Tensor final_state = output_final_state ? at::empty(state_shape, q.options().dtype(at::kFloat))
                                                 : at::empty({0}, q.options().dtype(at::kFloat));
@@ -67,8 +73,24 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, cons
     p.dtype = dtype;
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(forward_sm80(p, stream), kOp);
+    check_launch(kernel(p, stream), kOp);
     return {out, final_state};
+}
+
+std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       double scale, bool normalize, double eps,
+                                                       const std::optional<at::Tensor>& initial_state,
+                                                       bool output_final_state) {
+    return forward_call(q, k, v, scale, normalize, eps, initial_state, output_final_state, forward_sm80, false,
+                        kSm80Op);
+}
+
+std::tuple<at::Tensor, at::Tensor> based_fwd_sm90_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       double scale, bool normalize, double eps,
+                                                       const std::optional<at::Tensor>& initial_state,
+                                                       bool output_final_state) {
+    return forward_call(q, k, v, scale, normalize, eps, initial_state, output_final_state, forward_sm90, true,
+                        kSm90Op);
 }
 
 }  // namespace
@@ -76,4 +98,5 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm80_cuda(const at::Tensor& q, cons
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &tk::based::based_fwd_sm80_cuda);
+    m.impl("based_fwd_sm90", &tk::based::based_fwd_sm90_cuda);
 }

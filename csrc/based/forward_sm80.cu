@@ -21,6 +21,7 @@
 // Partial last chunk: rows past the end load as zeros (cp.async zero fill), add nothing to the
 // state, are never seen by an earlier row (causal), and are not stored.
 #include "kittens/kittens.cuh"
+#include "based/forward_common.cuh"
 #include "based/pair_features.cuh"
 #include "based/params.h"
 
@@ -30,21 +31,11 @@ namespace {
 namespace kt = kittens;
 
 constexpr int WARPS = 4;
-constexpr int CHUNK = 64;                              // sequence rows per step
 constexpr int WARP_COLS = kt::TILE_DIM;                // value columns per warp
 constexpr int BLOCK_COLS = WARPS * WARP_COLS;          // value columns per block
 constexpr int ROW_TILES = CHUNK / kt::TILE_DIM;        // 16-row tiles per chunk
 constexpr int STAGES = 2;
 static_assert(WARPS == ROW_TILES, "each warp transposes one 16-row tile of the chunk");
-
-// The normaliser state z and this chunk's denominators. Fragment-ordered: element [k][l] is
-// register k (or column half k) of lane l, so every access of a warp is one contiguous 256 bytes.
-struct NormaliserState {
-    float2 quad[4][kt::WARP_THREADS];    // Z2 = sum k k^T, as a 16x16 accumulator tile
-    float2 linear[2][kt::WARP_THREADS];  // sum of k, as column_values
-    float constant;                      // rows so far
-    float denominator[CHUNK];            // this chunk's rows (normalize)
-};
 
 template <typename T>
 struct SharedTiles {
@@ -60,17 +51,6 @@ struct Globals {
     kt::gl<T> q, k, v, o;
 };
 
-struct Constants {
-    float c1, c2;                   // p(s) = 1 + c1 s + c2 s^2 for the unscaled s = q.k
-    float eps;
-    float sqrt_scale, kappa;        // the state's factors: sqrt(scale) (linear rows), scale / sqrt(2) (quadratic)
-    float inv_sqrt_scale, half_inv_kappa;
-    const float* initial_state;     // (B, H, 273, Dv + 1) or null
-    float* final_state;             // (B, H, 273, Dv + 1) or null
-};
-
-using acc_tile = kt::rt_fl<16, 16>;
-
 // dst = src * factor in dst's 16-bit type, for the first REGISTERS registers (a half tile: 2).
 template <int REGISTERS = 4, typename RT>
 __device__ __forceinline__ void scaled_copy(RT& dst, const acc_tile& src, float factor) {
@@ -81,47 +61,11 @@ __device__ __forceinline__ void scaled_copy(RT& dst, const acc_tile& src, float 
     }
 }
 
-// One value per column of a 16-wide accumulator tile, at the positions this lane holds: columns
-// 2 (lane % 4) + {0, 1} (half 0) and 8 more (half 1). Sums over rows (of v, of k) are kept so,
-// instead of as whole tiles of equal rows.
-struct column_values {
-    float2 half[2];
-};
-
-// Column sums of the 64 chunk rows held as four col-layout 16x16 tiles, added to `sums`: as the
-// product ones (16 x 64) x X on the tensor cores, whose every row is the column sum in the
-// accumulator's layout.
-template <typename T>
-__device__ __forceinline__ void add_column_sums(column_values& sums, const kt::rt<T, 16, 16>& ones,
-                                                const kt::rt<T, 16, 16, kt::col_l> (&x)[4]) {
-    acc_tile total;
-    kt::zero(total);
-#pragma unroll
-    for (int j = 0; j < 4; j++) kt::mma_AB(total, ones, x[j], total);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        sums.half[half].x += total.tiles[0][0].data[2 * half].x;
-        sums.half[half].y += total.tiles[0][0].data[2 * half].y;
-    }
-}
-
 // The per-(batch, head) state but z: in fp32 registers, rows = this warp's 16 value columns.
 struct State {
     acc_tile pair[PAIR_TILES];  // T_d^T: column b = feature (pair_partner(b, d), b); the half tile's registers 0, 1
     acc_tile linear;            // a1^T: column a = feature a
     column_values constant;     // a0 = sum of v, at this lane's value columns
-};
-
-// Reads of an initial state (B, H, 273, Dv + 1) and writes of the final one, for one (batch, head).
-struct StateRows {
-    float* base;
-    int pitch;  // Dv + 1
-    __device__ float& operator()(int row, int col) const { return base[int64_t(row) * pitch + col]; }
-    // The symmetric part of the quadratic block at features (a, b), over the internal scale:
-    // rows 17 + 16 a + b and 17 + 16 b + a, halved, divided by kappa.
-    __device__ float quad(int a, int b, int col, const Constants& c) const {
-        return ((*this)(17 + 16 * a + b, col) + (*this)(17 + 16 * b + a, col)) * c.half_inv_kappa;
-    }
 };
 
 __device__ __forceinline__ void read_state(State& s, const StateRows& in, int value_col, const Constants& c) {
@@ -163,46 +107,6 @@ __device__ __forceinline__ void write_state(const State& s, const StateRows& out
             if (d != 0) out(17 + 16 * b + a, col) = e * c.kappa;
         });
     });
-}
-
-// z into shared memory (one warp): from the initial state's last column, or zero.
-__device__ __forceinline__ void read_normaliser(NormaliserState& z, const StateRows& in, bool present, int value_dim,
-                                                const Constants& c) {
-    const int lane = kt::lane_id(), lane_col = 2 * (lane % 4);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int row = acc_tile::row_in_base(k, 0), col = acc_tile::col_in_base(k, 0);
-        z.quad[k][lane] = present ? make_float2(in.quad(row, col, value_dim, c), in.quad(row, col + 1, value_dim, c))
-                                  : make_float2(0.f, 0.f);
-    }
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int col = lane_col + 8 * half;
-        z.linear[half][lane] = present ? make_float2(in(1 + col, value_dim) * c.inv_sqrt_scale,
-                                                     in(2 + col, value_dim) * c.inv_sqrt_scale)
-                                       : make_float2(0.f, 0.f);
-    }
-    if (lane == 0) z.constant = present ? in(0, value_dim) : 0.f;
-}
-
-// z from shared memory into the final state's last column (one warp).
-__device__ __forceinline__ void write_normaliser(const NormaliserState& z, const StateRows& out, int value_dim,
-                                                 const Constants& c) {
-    const int lane = kt::lane_id(), lane_col = 2 * (lane % 4);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int row = acc_tile::row_in_base(k, 0), col = acc_tile::col_in_base(k, 0);
-        out(17 + 16 * row + col, value_dim) = z.quad[k][lane].x * c.kappa;
-        out(17 + 16 * row + col + 1, value_dim) = z.quad[k][lane].y * c.kappa;
-    }
-    if (lane < 4) {
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            out(1 + lane_col + 8 * half, value_dim) = z.linear[half][lane].x * c.sqrt_scale;
-            out(2 + lane_col + 8 * half, value_dim) = z.linear[half][lane].y * c.sqrt_scale;
-        }
-    }
-    if (lane == 0) out(0, value_dim) = z.constant;
 }
 
 template <typename T, bool NORMALIZE, bool Z_STATE>
@@ -280,58 +184,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS, 2)
         }
         if constexpr (NORMALIZE) {
             // The denominators: warp w those of row tile w, for all warps after the barrier below.
-            // Earlier chunks' part z0 + q . (c1 z1 + c2 Z2 q), c2 Z2 as a 16-bit high part plus the
-            // 16-bit remainder (about 16 significant bits); then this chunk's scores of the row
-            // tile (recomputed here, where few registers are live, rather than summed in the loop
-            // below for one row tile of four).
-            tile z_high, z_low;
-            {
-                acc_tile scaled, high;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 x = z.quad[k][lane];
-                    scaled.tiles[0][0].data[k] = make_float2(x.x * c.c2, x.y * c.c2);
-                }
-                kt::copy(z_high, scaled);
-                kt::copy(high, z_high);
-                kt::sub(scaled, scaled, high);
-                kt::copy(z_low, scaled);
-            }
-            tile q_own;
-            kt::load(q_own, kt::subtile<16, 16>(q_smem[stage], warp, 0));
-            acc_tile r;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 x = z.linear[k / 2][lane];
-                r.tiles[0][0].data[k] = make_float2(x.x * c.c1, x.y * c.c1);
-            }
-            kt::mma_ABt(r, q_own, z_high, r);
-            kt::mma_ABt(r, q_own, z_low, r);
-            typename acc_tile::col_vec row_sum;  // this lane's share of each of its two rows' sums
-            kt::zero(row_sum);
-            kt::for_each_element(r, [&](int, int, int k, int half, float& e) {
-                const auto& pair = q_own.tiles[0][0].data[k];
-                row_sum.data[0][k % 2] += e * kt::convert<float>(half ? pair.y : pair.x);
-            });
-#pragma unroll 1
-            for (int j = 0; j <= warp; j++) {
-                tile k_rows;
-                kt::load<kt::mma_operand::b>(k_rows, kt::subtile<16, 16>(k_smem[stage], j, 0));
-                acc_tile s;
-                kt::zero(s);
-                kt::mma_ABt(s, q_own, k_rows, s);
-                kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
-                if (j == warp) kt::mask_cols_after(s, [](int row) { return row; }, 0.f);
-                kt::row_sum_lane_partial(row_sum, s, row_sum);
-            }
-            kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
-            if (lane % 4 == 0) {
-                const float earlier_rows = z.constant;
-#pragma unroll
-                for (int slot = 0; slot < 2; slot++)
-                    z.denominator[kt::TILE_DIM * warp + acc_tile::row_in_base(slot, 0)] =
-                        row_sum.data[0][slot] + earlier_rows + c.eps;
-            }
+            chunk_denominators<T>(z, q_smem[stage], k_smem[stage], warp, c);
         }
         tile q[ROW_TILES];
 #pragma unroll
@@ -423,21 +276,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS, 2)
         }
         add_column_sums(st.constant, ones, v_cols);
         if (block_tracks_z) {  // z's updates: every warp read this chunk's before the barrier above
-            if (warp == 0) {
-                acc_tile quad;
-#pragma unroll
-                for (int k = 0; k < 4; k++) quad.tiles[0][0].data[k] = z.quad[k][lane];
-#pragma unroll
-                for (int j = 0; j < ROW_TILES; j++) kt::mma_AtB(quad, k_cols[j], k_cols[j], quad);
-#pragma unroll
-                for (int k = 0; k < 4; k++) z.quad[k][lane] = quad.tiles[0][0].data[k];
-            } else if (warp == 1) {
-                column_values linear{{z.linear[0][lane], z.linear[1][lane]}};
-                add_column_sums(linear, ones, k_cols);
-                z.linear[0][lane] = linear.half[0];
-                z.linear[1][lane] = linear.half[1];
-                if (lane == 0) z.constant += float(min(CHUNK, len - chunk * CHUNK));
-            }
+            update_normaliser(z, k_cols, ones, warp, len, chunk);
         }
     }
 
@@ -460,9 +299,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
                        operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l),
                        operand(p.v, p.value_dim, p.v_stride_b, p.v_stride_h, p.v_stride_l),
                        operand(p.o, p.value_dim, p.o_stride_b, p.o_stride_h, p.o_stride_l)};
-    const float sqrt_scale = sqrtf(p.scale), kappa = p.scale * 0.70710678118654752f;
-    const Constants c{p.scale,        p.scale * p.scale * 0.5f, p.eps,          sqrt_scale,         kappa,
-                      1.f / sqrt_scale, 0.5f / kappa,           p.initial_state, p.final_state};
+    const Constants c = make_constants(p);
     constexpr int smem = SharedTiles<T>::bytes;
     auto kernel = forward_kernel<T, NORMALIZE, Z_STATE>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;

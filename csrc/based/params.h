@@ -51,5 +51,8 @@ struct ForwardParams {
 
 // mma.sync + cp.async kernel (sm_80 and newer). Returns the launch error, if any.
 cudaError_t forward_sm80(const ForwardParams& params, cudaStream_t stream);
+// TMA + wgmma kernel (sm_90a; forward_sm90.cu), the same contract (the strides also give TMA its
+// tensor maps). Returns the launch error, if any.
+cudaError_t forward_sm90(const ForwardParams& params, cudaStream_t stream);
 
 }  // namespace tk::based

@@ -29,7 +29,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 # _scaffold.register_families checks each op's table against it.
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
     "attention": ("sm90", "sm80", "decode"),
-    "based": ("sm80",),
+    "based": ("sm90", "sm80"),
     "fftconv": ("sm80",),
 }
 

@@ -37,7 +37,7 @@ class StandIns:
     def based_forward(self, q, k, v, scale, normalize, eps, initial_state, output_final_state):
         for name, t in (("q", q), ("k", k), ("v", v)):
             assert t.dtype in KERNEL_DTYPES and t.dtype == q.dtype, (name, t.dtype)
-            assert _scaffold.conforms(t), f"tk::based_fwd_sm80 stand-in: {name} not readable in place"
+            assert _scaffold.conforms(t), f"tk::based_fwd stand-in: {name} not readable in place"
         assert q.shape[-1] == FEATURES and v.shape[-1] in (64, 128), (q.shape, v.shape)
         assert initial_state is None or (initial_state.dtype == torch.float32
                                          and initial_state.is_contiguous()), initial_state
@@ -104,7 +104,10 @@ class StandIns:
 
     def ops(self, family: str) -> dict:
         if family == "based":
-            return {"based_fwd_sm80": self.based_forward, "based_bwd_sm80": self.based_backward,
+            # One stand-in for both forward families' ops (one contract; auto picks sm90 on the
+            # pretended Hopper).
+            return {"based_fwd_sm90": self.based_forward, "based_fwd_sm80": self.based_forward,
+                    "based_bwd_sm80": self.based_backward,
                     "based_step_sm80": self.based_step,
                     "based_step_inplace_sm80": self.based_step_inplace}
         if family == "fftconv":

@@ -48,7 +48,8 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
     the next piece of a long sequence.
 
     Runs our kernel for CUDA bfloat16/float16 inputs with F = 16 and Dv 64 or 128 on sm_80 or
-    newer GPUs, any N and any B x H, reading strided inputs (e.g. (B, N, H, D) memory viewed as
+    newer GPUs (on Hopper the TMA + wgmma one, ``sm90``; ``use_kernel("sm80", op="based")``
+    forces the mma.sync one), any N and any B x H, reading strided inputs (e.g. (B, N, H, D) memory viewed as
     (B, H, N, D)) in place when the last dim is contiguous, other strides are multiples of 16
     bytes and the data 16-byte aligned (else one copy). Gradients of q, k, v and initial_state
     (through o and the final state) come from our backward kernels on the same calls (with
@@ -82,7 +83,7 @@ def explain_based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
                   initial_state: torch.Tensor | None = None,
                   output_final_state: bool = False) -> BasedPlan:
     """Which path ``based`` would take for these arguments, and why; ``str()`` of the result is
-    one line, e.g. ``kernel tk.based_fwd_sm80 [sm80 mma.sync] bf16 dv=64`` or ``fallback the
+    one line, e.g. ``kernel tk.based_fwd_sm90 [sm90 wgmma+tma] bf16 dv=64`` or ``fallback the
     PyTorch reference (chunked): feature dim 32 is not supported by the kernel (16 only)``.
     Raises the same argument errors as ``based``; does not run anything."""
     check_arguments("tk.based", q, k, v, scale, normalize, eps, initial_state, "initial_state")

@@ -1,20 +1,21 @@
 """The Based ops (csrc/based/): their handles, fake implementations and autograd formula.
 
 ``tk::based_fwd_sm80(q, k, v, scale, normalize, eps, initial_state, output_final_state)
--> (o, final_state)``: q, k (B, H, N, 16), v (B, H, N, Dv) with Dv 64 or 128, bf16/fp16, each
+-> (o, final_state)`` (and ``tk::based_fwd_sm90``, the Hopper kernel, with the same contract): q, k (B, H, N, 16), v (B, H, N, Dv) with Dv 64 or 128, bf16/fp16, each
 readable in place (see _scaffold.conforms); initial_state None or a contiguous float32
 (B, H, 273, Dv + 1) tensor. o is a new contiguous (B, H, N, Dv) tensor in q's dtype;
 final_state a new contiguous float32 (B, H, 273, Dv + 1) tensor when output_final_state, else
 an empty one.
 
-The backward op of the family, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
+The backward op of both families, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
 grad_final_state, grad_initial_state) -> (dq, dk, dv, d_initial_state)``: the gradients of the
 unnormalised forward (csrc/based/backward_params.h) for grad_out of v's shape (readable in place),
 initial_state and grad_final_state None or contiguous float32 (B, H, 273, Dv + 1) tensors; dq, dk,
 dv new contiguous tensors shaped like q, k, v, and d_initial_state (when grad_initial_state) a new
 float32 state-shaped tensor with a zero last column, else an empty one. It is the registered
 autograd formula of the forward op (autograd.py, which adds what the kernels do not compute: the
-normaliser's gradient and the final state's last column).
+normaliser's gradient and the final state's last column): it reads only the forward's inputs and
+o, so it serves either forward.
 
 The fake (meta) implementations give the outputs' shapes, dtypes and strides without running
 anything, for torch.compile, torch.export, FakeTensorMode and opcheck.
@@ -80,11 +81,13 @@ def _register() -> None:
     for family in FAMILIES:
         forward = f"tk::{family.op_name}"
         torch.library.register_fake(forward, _forward_fake(forward))
-        backward = f"tk::{family.backward_op_name}"
-        torch.library.register_fake(backward, _backward_fake(backward))
         backward_op = getattr(torch.ops.tk, family.backward_op_name).default
         torch.library.register_autograd(forward, autograd.backward_formula(backward_op),
                                         setup_context=autograd.setup_context)
+    # The backward ops, once each (the families share one).
+    for name in dict.fromkeys(family.backward_op_name for family in FAMILIES):
+        backward = f"tk::{name}"
+        torch.library.register_fake(backward, _backward_fake(backward))
         torch.library.register_autograd(backward, autograd.no_double_backward(backward))
 
 

@@ -23,7 +23,7 @@ from .._scaffold import KernelFamily, Plan
 from . import reference
 from .api import _compute_dtype, _scale_or_default
 from .checks import check_arguments
-from .plan import first_requiring_grad, unsupported_shape_reason
+from .plan import SM80, first_requiring_grad, unsupported_shape_reason
 
 STEP = torch.ops.tk.based_step_sm80.default
 STEP_INPLACE = torch.ops.tk.based_step_inplace_sm80.default
@@ -63,6 +63,9 @@ def decide(q, k, v, state) -> tuple[KernelFamily | None, str | None]:
     family, reason = _scaffold.choose_family("based", q.device)
     if family is None:
         return None, reason
+    # The step kernel is the sm80 family's (CUDA cores, every GPU from sm_80 on): it is what runs
+    # where the forward would take the sm90 kernel.
+    family = SM80
     name = first_requiring_grad(("q", "k", "v", "state"), q, k, v, state)
     if name is not None:
         return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the based_step "
