@@ -6,7 +6,8 @@ scale 1/4, bf16 inputs from torch.randn, B=16 H=16, value dims 64 and 128: the s
 published Based figures (docs/performance.md). Passes and columns:
 
 - "fwd": tk.based under torch.no_grad() in strict mode (a fallback to the PyTorch reference
-  raises and shows as '-'); "fla_parallel" (fla.ops.based.parallel_based) and
+  raises and shows as '-'), and "tk_sm80", the same with the mma.sync family forced (what an
+  A100 or RTX 4090 runs; on Hopper "tk" is the wgmma family); "fla_parallel" (fla.ops.based.parallel_based) and
   "fla_fused_chunk" (fla.ops.based.fused_chunk_based), measured when flash-linear-attention is
   importable (else '-' with the import error in the JSON); "torch_quadratic", the N x N form in
   fp32 on fp32 copies of the inputs, up to N = QUADRATIC_MAX_N (its memory is quadratic).
@@ -54,6 +55,7 @@ from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
 # Where the inputs live: a module constant so a CPU smoke run can point it elsewhere.
 DEVICE = "cuda"
 OURS = "tk"
+OURS_MMA_SYNC = "tk_sm80"  # ours, the mma.sync family forced (not a peer: names starting with OURS)
 REFERENCE = "fla_parallel"  # flash-linear-attention's quadratic Triton kernel, the Based kernel users have
 COPY = "copy"               # not a peer: the bandwidth ceiling of the step's bytes
 TORCH_OPS = "torch_ops"     # the step by PyTorch ops (tk.based_step's fallback path)
@@ -152,6 +154,14 @@ def _ours_context(pass_name: str) -> contextlib.AbstractContextManager:
     return tk.strict(pass_name in ("fwd", "fwdbwd"))
 
 
+def _mma_sync_context(pass_name: str) -> contextlib.AbstractContextManager:
+    """Ours with the mma.sync (sm80) family forced: what A100 / RTX 4090 users get, on Hopper."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(_ours_context(pass_name))
+    stack.enter_context(tk.use_kernel("sm80", "based"))
+    return stack
+
+
 def _quadratic(q, k, v):
     """o = (tril(1 + s + s^2 / 2)) @ v with s = scale * q k^T, in the inputs' dtype (fp32)."""
     s = (q @ k.transpose(-1, -2)).mul_(SCALE)
@@ -203,7 +213,8 @@ def _skip_chunked(pass_name: str, cfg: Config) -> str | None:
 def implementations() -> tuple[dict[str, Impl], str | None]:
     """The implementations in column order, and fla's import error (None when it imported)."""
     fla, fla_error = _fla_peers()
-    impls = {OURS: Impl(lambda q, k, v: tk.based(q, k, v), context=_ours_context)}
+    impls = {OURS: Impl(lambda q, k, v: tk.based(q, k, v), context=_ours_context),
+             OURS_MMA_SYNC: Impl(lambda q, k, v: tk.based(q, k, v), context=_mma_sync_context)}
     if fla:
         impls.update(fla)
     impls["torch_quadratic"] = Impl(_quadratic, prepare=lambda inputs: tuple(t.float() for t in inputs),
@@ -437,7 +448,7 @@ def _measure_step(cfg: StepConfig, dtype: torch.dtype, quick: bool) -> dict:
 def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bfloat16,
         log=print) -> tuple[list[dict], list[str]]:
     """Measure every (pass, config); returns (records, implementation names in column order).
-    ``kernel`` is accepted for the runner's sake: Based has one kernel family (sm80)."""
+    ``kernel`` is accepted for the runner's sake: both Based families are columns ("tk", "tk_sm80")."""
     impls, fla_error = implementations()
     if fla_error is not None:
         log(f"  flash-linear-attention not importable ({fla_error}): its columns are '-'")
