@@ -591,6 +591,36 @@ def test_fallback_unsupported_dtype_or_head_dim(dtype, head_dim, reason):
                                F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
+@pytest.mark.parametrize("mask", ["none", "lower_right"])
+@pytest.mark.parametrize("len_q", [1, 7])
+def test_fallback_keeps_short_queries_off_flash_split_kv(mask, len_q):
+    # SDPA's flash backend splits the keys of a call with few query blocks, and its merge kernel
+    # writes past the end of the softmax statistics (compute-sanitizer memcheck, torch 2.11):
+    # the fallback runs such calls without that backend, says so, and is right.
+    from torch.profiler import ProfilerActivity, profile
+    seeded("flash split", mask, len_q)
+    q, k, v = make_qkv(1, 2, 2, len_q, 1000, 80, torch.float16)  # head dim 80: the fallback
+    kwargs = {"attn_mask": lower_right_bias(len_q, 1000)} if mask == "lower_right" else {}
+    plan = tk.explain(q, k, v, **kwargs)
+    assert not plan.uses_kernel and "without SDPA's flash backend" in str(plan)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = tk.attention(q, k, v, **kwargs)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # FlashAttention-2's kernels live in namespace pytorch_flash (cuDNN's have "flash" in their
+    # names too, and may run).
+    assert kernels and not any("pytorch_flash" in name for name in kernels), kernels
+    ref_out, _ = reference_attention(q, k, v, mask == "lower_right", 80 ** -0.5,
+                                     causal_offset=1000 - len_q)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        math_out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert_close("output", out, ref_out, math_out)
+    # Enough query blocks to fill the GPU: SDPA's own choice, flash included.
+    q = torch.randn(1, 2, 64 * torch.cuda.get_device_properties(0).multi_processor_count, 80,
+                    device="cuda", dtype=torch.float16)
+    assert "flash" not in str(tk.explain(q, k, v))
+
+
 def test_head_dim_96_is_sm90_only():
     # The sm80 family is not built for d96 (_C.attention_head_dims): with it picked, such calls go
     # to SDPA with the reason, and its op refuses them; the sm90 kernels take them (and their op

@@ -193,6 +193,7 @@ class Plan:
     dtype: torch.dtype
     # Inputs that get one fresh contiguous copy: for the kernel, or on the fallback for the peer.
     copies: tuple[str, ...] = ()
+    peer_note: str | None = None    # on the fallback: how the peer is called, where that differs
     strict: bool                    # strict mode: a fallback would raise FallbackError
 
     def details(self) -> list[str]:
@@ -204,6 +205,8 @@ class Plan:
             text = f"fallback {self.fallback}: {self.reason}"
             if self.copies:
                 text += f" (copies {', '.join(self.copies)} with .contiguous() for {self.fallback})"
+            if self.peer_note:
+                text += f" ({self.peer_note})"
             return text + (f" (strict mode: {self.function} raises FallbackError)" if self.strict else "")
         parts = [f"kernel {self.op} [{self.kernel_description}]",
                  DTYPE_NAMES.get(self.dtype, str(self.dtype)), *self.details()]
@@ -246,6 +249,11 @@ def conforms(t: torch.Tensor) -> bool:
     """Whether a kernel can read ``t`` in place: last dim contiguous, the stride of every other
     dim of size > 1 a multiple of 16 bytes, data 16-byte aligned (strides of size-1 dims never
     matter: the C++ side replaces them with well-formed values)."""
+    return strides_conform(t) and is_aligned(t)
+
+
+def strides_conform(t: torch.Tensor) -> bool:
+    """conforms() but for the data pointer: what ``t``'s shape, strides and dtype decide."""
     strides = t.stride()  # one call for all dims: this runs on every op call's operands
     if strides[-1] != 1:
         return False
@@ -253,7 +261,7 @@ def conforms(t: torch.Tensor) -> bool:
     for size, stride in zip(t.shape[:-1], strides[:-1]):
         if size != 1 and stride % per_16_bytes != 0:
             return False
-    return is_aligned(t)
+    return True
 
 
 def fresh_copy(t: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thunderkittens as tk
+from thunderkittens._attention import plan as attention_plan
 
 from . import layouts
 from .environment import Environment, PathCounts, run_on_stream
@@ -314,11 +315,15 @@ def torch_attention(q, k, v, case: AttentionCase, mask, *, math_backend: bool = 
     """PyTorch's own answer in the inputs' dtype (SDPA, default backend; the math backend for a
     scale <= 0, which the fused backends get wrong, or when asked), the call as tk.attention's
     fallback makes it: causal_lower_right with Lq > Lk as plain causal attention of the last Lk
-    query rows, the rows that see no key apart as 0."""
+    query rows, the rows that see no key apart as 0, and no flash backend where it may split the
+    keys (its merge writes out of bounds: see thunderkittens/_attention/plan.py)."""
     gqa = case.heads_q != case.heads_kv
-    backend = (sdpa_kernel(SDPBackend.MATH)
-               if math_backend or (case.scale is not None and case.scale <= 0)
-               else contextlib.nullcontext())
+    if math_backend or (case.scale is not None and case.scale <= 0):
+        backend = sdpa_kernel(SDPBackend.MATH)
+    elif attention_plan.flash_may_split_keys(q, k, 0.0):
+        backend = sdpa_kernel(attention_plan.SDPA_BACKENDS_WITHOUT_FLASH)
+    else:
+        backend = contextlib.nullcontext()
     with backend:
         if case.mask == "none":
             return F.scaled_dot_product_attention(q, k, v, scale=case.scale, enable_gqa=gqa)

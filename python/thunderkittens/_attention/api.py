@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _scaffold
-from . import plan
+from . import calls, plan
 from .ops import FORWARD, TRAINING_FORWARD
 from .plan import AttentionPlan
 
@@ -44,36 +42,49 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     through the copies. The result is a new tensor: contiguous from the kernels, strided as
     SDPA makes it on the fallback.
     """
-    decision = plan.decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return run_decided(decision, query, key, value, dropout_p, scale, enable_gqa)
+    call = calls.prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return run_prepared(call, query, key, value, dropout_p, scale, enable_gqa)
+
+
+def run_prepared(call: calls.Call, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 dropout_p: float, scale: float | None, enable_gqa: bool) -> torch.Tensor:
+    """tk.attention once calls.prepare has made ``call`` of the same arguments: for callers that
+    also need the decision (the transformers integration counts the paths), so that a call
+    decides once. ``call.op`` takes the caller's tensors as they are when their data is 16-byte
+    aligned (the rest of its layout is in the key the call was prepared under)."""
+    op = call.op
+    if op is not None and not (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15:
+        return op(query, key, value, call.is_causal, call.scale, call.lower_right)[0]
+    return run_decided(call.decision, query, key, value, dropout_p, scale, enable_gqa)
 
 
 def run_decided(decision, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 dropout_p: float, scale: float | None, enable_gqa: bool) -> torch.Tensor:
-    """tk.attention once plan.decide has made ``decision`` on the same arguments: for callers
-    that also need the decision (the transformers integration counts the paths), so that a call
-    decides once."""
+    """tk.attention once plan.decide has made ``decision`` on the same arguments."""
     family, reason, attn_mask, is_causal, lower_right = decision
     if family is None:
         _scaffold.fallback_or_raise(AttentionPlan, reason)
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     head_dim = query.shape[-1]
-    softmax_scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    softmax_scale = plan.softmax_scale(head_dim, scale)
     operands = (plan.kernel_operand(query), plan.kernel_operand(key), plan.kernel_operand(value))
     if family.has_backward and plan.needs_grad(query, key, value):
         out = TRAINING_FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
     else:
         out = FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
+    if query.dim() == 4:
+        return out  # already (B, Hq, Lq, E)
     return out.view(tuple(query.shape[:-1]) + (head_dim,))
 
 
 def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """The fallback: F.scaled_dot_product_attention, as plan.fallback_call says (copies of
-    operands SDPA's fused kernels may misread; lower-right rows that see no key as zeros). For a
-    scale <= 0 it is pinned to the math backend on every device: the fused backends take the
-    running max of unscaled scores, which is only right for a positive scale (on an H200 with
-    torch 2.11 they returned NaN for scale=-0.125, and so does the CPU's flash backend)."""
-    call = plan.fallback_call(query, key, value, attn_mask, is_causal)
+    operands SDPA's fused kernels may misread; lower-right rows that see no key as zeros; no flash
+    backend where it may split the keys). For a scale <= 0 it is pinned to the math backend on
+    every device: the fused backends take the running max of unscaled scores, which is only right
+    for a positive scale (on an H200 with torch 2.11 they returned NaN for scale=-0.125, and so
+    does the CPU's flash backend)."""
+    call = plan.fallback_call(query, key, value, attn_mask, dropout_p, is_causal)
     hidden = call.hidden_rows
     operands = {"query": query[..., hidden:, :] if hidden else query, "key": key, "value": value,
                 "attn_mask": call.attn_mask}
@@ -87,6 +98,9 @@ def _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         dropout_p=dropout_p, is_causal=call.is_causal, scale=scale, enable_gqa=enable_gqa)
     if scale is not None and scale <= 0:
         with sdpa_kernel(SDPBackend.MATH):
+            out = run()
+    elif call.without_flash:
+        with sdpa_kernel(plan.SDPA_BACKENDS_WITHOUT_FLASH):
             out = run()
     else:
         out = run()

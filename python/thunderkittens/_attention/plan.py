@@ -16,10 +16,12 @@ data (see _scaffold).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch.nn.attention import SDPBackend
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from .. import _config, _scaffold
@@ -217,6 +219,11 @@ def _decode_instead(family, query, key, value) -> bool:
 # ---- operands and the explanation ---------------------------------------------------------
 
 
+def softmax_scale(head_dim: int, scale: float | None) -> float:
+    """The scale the kernel op is given: SDPA's default 1 / sqrt(E) when ``scale`` is None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
 def to_4d(t: torch.Tensor) -> torch.Tensor:
     """(..., H, L, E) -> (B, H, L, E): a 3-D input gets B=1, leading dims of higher ranks are
     flattened into B (a view whenever torch can make one)."""
@@ -250,7 +257,14 @@ def _read_in_place(t: torch.Tensor) -> bool:
 #  * a boolean or additive attn_mask on the kernels' device: a query row it leaves no key (all
 #    False, or all -inf) is given every key for SDPA (so nothing is NaN, forward or backward),
 #    and its output row is set to 0 after: 0 out and 0 gradients, as SDPA's math backend gives
-#    (its fused CUDA backends gave NaN).
+#    (its fused CUDA backends gave NaN);
+#  * a call that SDPA's flash backend (FlashAttention-2) may compute with its keys split over
+#    thread blocks runs without that backend: the kernel that merges the pieces writes softmax
+#    statistics past the end of their buffer (torch 2.11 on an H100, compute-sanitizer memcheck:
+#    fp16, one batch and head, 1 to 7 query rows, 1000 keys; plain calls and causal_lower_right
+#    alike). FlashAttention-2 splits when batch x heads x 64-row query blocks are fewer than
+#    about 0.8 x the GPU's multiprocessors, never with dropout; the test here is looser (fewer
+#    than the multiprocessors). SDPA's other backends take these calls.
 
 
 class Fallback(NamedTuple):
@@ -261,9 +275,27 @@ class Fallback(NamedTuple):
     is_causal: bool
     copies: tuple[str, ...]  # operands handed to SDPA as fresh contiguous copies
     guard_mask_rows: bool = False  # mask rows that see no key: every key for SDPA, 0 after
+    without_flash: bool = False    # SDPA may not use its flash backend (it may split the keys)
 
 
-def fallback_call(query, key, value, attn_mask, is_causal) -> Fallback:
+# The note explain() adds to a fallback that leaves SDPA's flash backend out.
+WITHOUT_FLASH_NOTE = "without SDPA's flash backend: it may split the keys, and its merge writes out of bounds"
+SDPA_BACKENDS_WITHOUT_FLASH = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_FLASH_QUERY_BLOCK = 64
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flash_may_split_keys(query, key, dropout_p) -> bool:
+    """Whether SDPA's flash backend could compute this call with its keys split (see above)."""
+    if (query.device.type != "cuda" or query.dtype not in _FLASH_DTYPES or dropout_p > 0
+            or query.is_nested or key.shape[-2] <= _FLASH_QUERY_BLOCK):
+        return False
+    rows = query.shape[-2]
+    blocks = math.prod(query.shape[:-2]) * -(-rows // _FLASH_QUERY_BLOCK)
+    return blocks < torch.cuda.get_device_properties(query.device).multi_processor_count
+
+
+def fallback_call(query, key, value, attn_mask, dropout_p, is_causal) -> Fallback:
     """The SDPA call for the fallback of a call whose (checked) arguments these are."""
     if query.is_nested or key.is_nested or value.is_nested:
         return Fallback(0, attn_mask, is_causal, ())
@@ -281,17 +313,21 @@ def fallback_call(query, key, value, attn_mask, is_causal) -> Fallback:
     if tensor_mask and not guard:
         operands.append(("attn_mask", attn_mask))
     copies = tuple(name for name, t in operands if _scaffold.peer_needs_copy(t))
-    return Fallback(hidden, attn_mask, is_causal, copies, guard)
+    without_flash = flash_may_split_keys(operands[0][1], key, dropout_p)
+    return Fallback(hidden, attn_mask, is_causal, copies, guard, without_flash)
 
 
 def explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> AttentionPlan:
     decision = decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     family = decision.family
+    peer_note = None
     if family is not None:
         copies = tuple(name for name, t in (("query", query), ("key", key), ("value", value))
                        if not _read_in_place(t))
     else:
-        copies = fallback_call(query, key, value, decision.attn_mask, decision.is_causal).copies
+        call = fallback_call(query, key, value, decision.attn_mask, dropout_p, decision.is_causal)
+        copies = call.copies
+        peer_note = WITHOUT_FLASH_NOTE if call.without_flash else None
     nested = query.is_nested or key.is_nested or value.is_nested
     gqa = 1 if nested else max(1, query.shape[-3] // key.shape[-3])
     backward_op = (f"tk.{family.backward_op_name}"
@@ -301,7 +337,7 @@ def explain(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
         kernel=family.name if family else None,
         kernel_description=family.description if family else None,
         op=f"tk.{family.op_name}" if family else None,
-        dtype=query.dtype, copies=copies, strict=_config.strict_enabled(),
+        dtype=query.dtype, copies=copies, peer_note=peer_note, strict=_config.strict_enabled(),
         head_dim=int(query.shape[-1]), causal=decision.is_causal,
         lower_right=decision.lower_right, gqa_ratio=gqa, backward_op=backward_op,
         deterministic_backward=backward_op is not None and torch.are_deterministic_algorithms_enabled())

@@ -34,7 +34,7 @@ import math
 import torch
 
 from thunderkittens._attention import api as _api
-from thunderkittens._attention import plan as _plan
+from thunderkittens._attention import calls as _calls
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -91,11 +91,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         # a prefill into an empty static cache, whose later rows are not filled yet.
         key, value = key[:, :, :query.shape[2]], value[:, :, :query.shape[2]]
     gqa = query.shape[1] != key.shape[1]
-    decision = _plan.decide(query, key, value, None, 0.0, causal, scaling, gqa)
-    path = (f"kernel {decision.family.name}" if decision.family is not None
-            else f"tk fallback: {decision.reason}")
+    call = _calls.prepare(query, key, value, None, 0.0, causal, scaling, gqa)  # cached per layout
+    family = call.decision.family
+    path = f"kernel {family.name}" if family is not None else f"tk fallback: {call.decision.reason}"
     _counts[path] += 1
-    out = _api.run_decided(decision, query, key, value, 0.0, scaling, gqa)
+    out = _api.run_prepared(call, query, key, value, 0.0, scaling, gqa)
     return out.transpose(1, 2).contiguous(), None
 
 
