@@ -160,8 +160,11 @@ def test_based_fftconv_kernel_stand_ins(prop, monkeypatch, report):
     with standins.kernel_stand_ins(monkeypatch, family) as stand_in:
         counts = run(prop, standins.environment(family), report, label=f"{prop} (stand-in kernels)",
                      op_stand_in=stand_in)
-    assert counts.reached("kernel") > 0, f"no case ran on the {prop} kernel: {dict(counts.counts)}"
+    kernels = ("sm90", "sm80") if prop == "based" else ("kernel",)  # Based: each family forced
+    for kernel in kernels:
+        assert counts.reached(kernel) > 0, f"no case ran on the {prop} {kernel} kernel: {dict(counts.counts)}"
     assert counts.reached("fallback") > 0, f"no case ran on the {prop} fallback: {dict(counts.counts)}"
     if prop != "based_step":
-        assert counts.counts["kernel+backward"] > 0, f"no gradient ran on the kernels: {dict(counts.counts)}"
+        assert sum(counts.counts[f"{kernel}+backward"] for kernel in kernels) > 0, \
+            f"no gradient ran on the kernels: {dict(counts.counts)}"
         assert stand_in.backward_calls, "the kernel path's gradients never reached a backward op"

@@ -24,7 +24,7 @@ import torch
 
 import thunderkittens as tk
 from differential import runner
-from differential.based import family_runs
+from differential.based import based_family, family_runs
 from differential.environment import Environment, PathCounts
 from differential.settings import SEED, profile_named, shard_seed
 from kernel_required import gpu_is_for
@@ -97,7 +97,13 @@ def test_differential(prop, shard, env, record_property, request):
         require(sum(counts.reached(f) for f in families) > 0, "no case ran on a kernel", counts)
     elif prop == "attention_dropout":
         assert counts.reached("fallback") == counts.total, dict(counts.counts)
-    elif prop in ("based", "based_step", "fftconv") and family_runs(env, prop.split("_")[0]):
+    elif prop == "based" and family_runs(env, "based"):
+        kernels = [k for k in ("sm90", "sm80") if based_family(env, k) is not None]
+        for kernel in kernels:
+            require(counts.reached(kernel) > 0, f"no case ran on the Based {kernel} kernel", counts)
+        require(sum(counts.counts[f"{k}+backward"] for k in kernels) > 0,
+                "no gradient ran on the Based kernels", counts)
+    elif prop in ("based_step", "fftconv") and family_runs(env, prop.split("_")[0]):
         require(counts.reached("kernel") > 0, f"no case ran on the {prop} kernel", counts)
         if prop != "based_step":
             require(counts.counts["kernel+backward"] > 0, f"no gradient ran on the {prop} kernels", counts)

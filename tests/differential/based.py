@@ -44,6 +44,19 @@ def family_runs(env: Environment, family: str) -> bool:
             and runs_on(env.built_archs, env.capability, arch_specific=False))
 
 
+def based_family(env: Environment, kernel: str) -> str | None:
+    """The Based kernel family that use_kernel(kernel, "based") runs here, or None (fallback):
+    sm90 (wgmma) on an sm_90 GPU with sm_90a code, sm80 (mma.sync) on any GPU of sm_80 or newer;
+    auto takes the first of them that runs."""
+    if not family_runs(env, "based"):
+        return None
+    hopper = runs_on(env.built_archs, env.capability, arch_specific=True) and env.capability == (9, 0)
+    runnable = (["sm90"] if hopper else []) + ["sm80"]
+    if kernel == "auto":
+        return runnable[0]
+    return kernel if kernel in runnable else None
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -63,6 +76,7 @@ class BasedCase:
     grad: tuple             # (q, k, v, initial_state) require grad
     layout: tuple           # (q, k, v) operand layouts
     seed: int = 0
+    kernel: str = "auto"    # use_kernel(kernel, "based"): "auto", "sm90", "sm80"
 
     @property
     def needs_grad(self) -> bool:
@@ -70,7 +84,8 @@ class BasedCase:
 
     def call_text(self) -> str:
         shape = (self.batch, self.heads, self.length)
-        return (f"tk.based(q{shape + (self.features,)}, k, v{shape + (self.value_dim,)}, "
+        return (f"with tk.use_kernel({self.kernel!r}, 'based'): "
+                f"tk.based(q{shape + (self.features,)}, k, v{shape + (self.value_dim,)}, "
                 f"scale={self.scale}, normalize={self.normalize}, initial_state="
                 f"{'<state>' if self.initial_state else None}, output_final_state={self.final_state}) "
                 f"{_dtype_name(self.dtype)}, layout {self.layout}, grad {self.grad}, seed {self.seed}")
@@ -143,7 +158,8 @@ def based_cases(draw, profile, env: Environment):
                      value_dim=value_dim, dtype=dtype, normalize=draw(st.booleans()),
                      scale=_scale(draw), initial_state=initial_state,
                      final_state=draw(st.booleans()), grad=grad, layout=layout,
-                     seed=draw(st.integers(0, 2**31 - 1)))
+                     seed=draw(st.integers(0, 2**31 - 1)),
+                     kernel=draw(st.sampled_from(["auto", "auto", "sm90", "sm80"])))
 
 
 @st.composite
@@ -178,6 +194,10 @@ def coverage_cases() -> list[BasedCase]:
         replace(base, grad=(True, True, True, True), initial_state=True, final_state=True, seed=4),
         replace(base, grad=(True, True, True, False), normalize=True, value_dim=128, length=129,
                 layout=("bnhd", "contiguous", "bnhd"), seed=5),
+        replace(base, kernel="sm80", normalize=True, initial_state=True, final_state=True,
+                grad=(True, True, True, True), seed=7),
+        replace(base, kernel="sm90", value_dim=128, length=130, initial_state=True, final_state=True,
+                seed=8),
         replace(base, dtype=torch.float32, features=8, value_dim=80, normalize=True,
                 initial_state=True, final_state=True, grad=(True, True, True, True), length=33, seed=6),
     ]
@@ -260,11 +280,12 @@ def in_dtype(q, k, v, scale, normalize, eps, state):
 # ---- one case: tk.based --------------------------------------------------------------------------
 
 def expected_path(case: BasedCase, env: Environment) -> str:
-    """"kernel" or "fallback" by the documented contract (the GPU's shared memory for the
-    backward kernels aside: check_case trusts explain's reason for that)."""
-    if (family_runs(env, "based") and case.dtype in (torch.bfloat16, torch.float16)
+    """The kernel family or "fallback" by the documented contract (the GPU's shared memory for
+    the backward kernels aside: check_case trusts explain's reason for that)."""
+    family = based_family(env, case.kernel)
+    if (family is not None and case.dtype in (torch.bfloat16, torch.float16)
             and case.features == FEATURES and case.value_dim in KERNEL_VALUE_DIMS):
-        return "kernel"
+        return family
     return "fallback"
 
 
@@ -301,11 +322,12 @@ def check_case(case: BasedCase, env: Environment, counts: PathCounts, *, stand_i
     kwargs = dict(scale=case.scale, normalize=case.normalize, initial_state=state,
                   output_final_state=case.final_state)
 
-    plan = tk.explain_based(q, k, v, **kwargs)
+    with tk.use_kernel(case.kernel, "based"):
+        plan = tk.explain_based(q, k, v, **kwargs)
     note(f"tk.explain_based: {plan}")
-    path = "kernel" if plan.uses_kernel else "fallback"
+    path = plan.kernel if plan.uses_kernel else "fallback"
     expected = expected_path(case, env)
-    if not (expected == "kernel" and not plan.uses_kernel and case.needs_grad
+    if not (expected != "fallback" and not plan.uses_kernel and case.needs_grad
             and "shared memory" in (plan.reason or "")):
         assert path == expected, f"path {path} ({plan}), but the contract says {expected}"
     counts.add(path + ("+backward" if case.needs_grad else ""))
@@ -333,7 +355,11 @@ def check_case(case: BasedCase, env: Environment, counts: PathCounts, *, stand_i
             _losses(out, final, grad_out, grad_final).backward()
         return out, final
 
-    out, final = run_on_stream("default", device, run)
+    def run_forced():
+        with tk.use_kernel(case.kernel, "based"):
+            return run()
+
+    out, final = run_on_stream("default", device, run_forced)
     assert out.shape == shape + (case.value_dim,) and out.dtype == case.dtype and out.device == device, \
         (out.shape, out.dtype, out.device)
     if case.final_state:
