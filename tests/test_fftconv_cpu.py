@@ -152,7 +152,8 @@ def test_filter_spectrum_is_the_rfft():
     torch.testing.assert_close(spectrum.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
-@pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048)])
+@pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048),
+                                         (5000, 16384), (8192, 16384)])
 def test_kernel_path_pads_to_the_kernel_length(cpu_fftconv, n, fft_size):
     u, k, _, _ = make(n=n, nk=min(n, 30), dtype=torch.bfloat16)
     assert str(tk.explain_fftconv(u, k)) == f"kernel tk.fftconv_fwd_sm80 [sm80 mma.sync] bf16 n={n} fft={fft_size}"
@@ -269,8 +270,8 @@ def block_calls(n, nk):
     return convs, tails
 
 
-@pytest.mark.parametrize("n, nk, gates", [(4104, 4104, False), (8192, 8192, True), (9000, 300, True),
-                                          (12000, 5000, False), (16384, 16384, True)])
+@pytest.mark.parametrize("n, nk, gates", [(8200, 8200, False), (16384, 16384, True), (17000, 300, True),
+                                          (24000, 10000, False), (32768, 32768, True)])
 def test_long_sequences_run_as_blocks_of_the_longest_kernel(cpu_fftconv, n, nk, gates):
     """Past the longest kernel: blocks of it (every piece a kernel call of at most its size, the
     tails with the conjugate spectrum), summed to the causal convolution of the whole."""
@@ -297,7 +298,7 @@ def test_long_sequences_run_as_blocks_of_the_longest_kernel(cpu_fftconv, n, nk, 
 def test_long_sequence_gradients(cpu_fftconv):
     """The blocks' pieces are differentiable ops: gradients of every input of a three-block call
     (the last block short) against float64 autograd."""
-    u, k, pre, post = make(b=1, h=2, n=8200, nk=5000, dtype=torch.float16, gates=True, requires_grad=True)
+    u, k, pre, post = make(b=1, h=2, n=16400, nk=10000, dtype=torch.float16, gates=True, requires_grad=True)
     k = k.detach().float().requires_grad_()
     y = tk.fftconv(u, k, pre, post)
     grad = torch.randn_like(y)
@@ -307,10 +308,10 @@ def test_long_sequence_gradients(cpu_fftconv):
     expected = torch.autograd.grad(reference.causal_conv(*leaves), leaves, grad.double())
     for name, got, want in zip(("u", "k", "pregate", "postgate"), ours, expected):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item(), msg=name)
-    assert len(cpu_fftconv.filter_grad.calls) == sum(block_calls(8200, 5000))
+    assert len(cpu_fftconv.filter_grad.calls) == sum(block_calls(16400, 10000))
 
 
-@pytest.mark.parametrize("n", [24, 4104])
+@pytest.mark.parametrize("n", [24, 8200])
 def test_kernel_path_under_torch_compile(cpu_fftconv, n):
     """One kernel call, and blocks of the longest kernel (a loop of calls on views)."""
     u, k, pre, post = make(b=1, h=2, n=n, nk=n, dtype=torch.bfloat16, gates=True)

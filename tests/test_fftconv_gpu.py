@@ -10,8 +10,8 @@ On a GPU of sm_80 or newer with the fftconv family built (for this GPU), a call 
 expect on the kernel that would not take it FAILS (the explain check, and tk.strict()); the module
 skips only without such a GPU or build. The one legitimate exception is a kernel whose shared
 memory this GPU cannot give a block (on GPUs with less than Hopper's 227 KiB per block: N = 4096
-with a pregate on sm_80, N = 4096 and 2048-with-a-pregate on sm_86/89): there the tests expect
-explain's shared-memory reason and check the torch.fft answer instead.
+with a pregate on sm_80, N = 8192, 4096 and 2048-with-a-pregate on sm_86/89): there the tests
+expect explain's shared-memory reason and check the torch.fft answer instead.
 
 Tolerance (the rule of tests/test_fftconv_kernel_gpu.py): eps = 2^-8 (bf16) or 2^-11 (fp16), the
 unit roundoff of the 16-bit type. With y_ref the float64 causal convolution of the same 16-bit
@@ -51,7 +51,7 @@ from thunderkittens._fftconv import plan as fftconv_plan
 
 pytestmark = pytest.mark.gpu
 
-KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096]  # the kernel's FFT has twice as many points
+KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192]  # the kernel's FFT has twice as many points
 DTYPES = [torch.bfloat16, torch.float16]
 DTYPE_IDS = ["bf16", "fp16"]
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -72,7 +72,7 @@ MAX_LENGTH = 4 * KERNEL_LENGTHS[-1]  # longer N than the longest kernel: blocks 
 
 
 def test_the_kernel_lengths():
-    """The kernels cover N = 256 .. 4096 (FFTs of 512 .. 8192 points), longer N up to 16384 as
+    """The kernels cover N = 256 .. 8192 (FFTs of 512 .. 16384 points), longer N up to 32768 as
     blocks of the longest; longer still go to torch.fft."""
     assert tuple(fftconv_plan.KERNEL_LENGTHS) == tuple(KERNEL_LENGTHS)
     assert fftconv_plan.MAX_LENGTH == MAX_LENGTH
@@ -168,7 +168,7 @@ def test_every_kernel_length(n, dtype, gates):
 
 @pytest.mark.parametrize("gates", ["none", "both"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n", [1, 17, 100, 1000, 3000, 4095])
+@pytest.mark.parametrize("n", [1, 17, 100, 1000, 3000, 4095, 4097, 6000, 8191])
 def test_lengths_between_kernel_lengths(n, dtype, gates):
     """Zero-padded up to the next kernel length (and to a multiple of 8) inside the op."""
     seeded("between", n, dtype, gates)
@@ -177,7 +177,7 @@ def test_lengths_between_kernel_lengths(n, dtype, gates):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n", [256, 1000, 4096])
+@pytest.mark.parametrize("n", [256, 1000, 4096, 8192])
 @pytest.mark.parametrize("filter_length", ["1", "7", "half"])
 def test_filters_shorter_than_the_sequence(filter_length, n, dtype):
     seeded("short", filter_length, n, dtype)
@@ -199,7 +199,7 @@ def test_filter_in_the_inputs_dtype(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n", [256, 1000, 4096])
+@pytest.mark.parametrize("n", [256, 1000, 4096, 8192])
 def test_strided_views_are_read_in_place(n, dtype):
     """u a slice of a wider buffer (every other head, 16 bytes into each row), the gates a
     transposed and a sliced view: last dim contiguous, other strides multiples of 16 bytes, data
@@ -260,7 +260,7 @@ def test_float_inputs_go_to_torch_fft(dtype):
 
 @pytest.mark.parametrize("gates", ["none", "both"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n, nk", [(4097, 4097), (8192, 8192), (9000, 300), (12000, 12000), (16384, 16384)])
+@pytest.mark.parametrize("n, nk", [(8200, 8200), (12000, 300), (16384, 16384), (20000, 20000), (32768, 32768)])
 def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
     """Blocks of the longest kernel length (2 .. 4 of them, the last one short or whole)."""
     seeded("blocks", n, nk, dtype, gates)
@@ -270,7 +270,7 @@ def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
         assert_close(tk.FFTConv(n)(u, k, pre, post), u, k, pre, post)
 
 
-@pytest.mark.parametrize("n", [MAX_LENGTH + 8, 20000])
+@pytest.mark.parametrize("n", [MAX_LENGTH + 8, 40000])
 def test_lengths_past_the_blocks_go_to_torch_fft(n):
     seeded("long", n)
     u = torch.randn(1, 2, n, device="cuda", dtype=torch.bfloat16)
@@ -282,7 +282,7 @@ def test_lengths_past_the_blocks_go_to_torch_fft(n):
     with tk.strict(), pytest.raises(tk.FallbackError, match=re.escape(reason)):
         tk.fftconv(u, k)
     assert_close(tk.fftconv(u, k), u, k)
-    assert_close(tk.FFTConv(32768)(u, k), u, k)
+    assert_close(tk.FFTConv(65536)(u, k), u, k)
 
 
 # ---- gradients -------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def backward_nodes(y):
 
 
 @pytest.mark.parametrize("n, nk", [(256, 256), (300, 37), (512, 512), (1000, 1000), (2048, 2048),
-                                   (4096, 4096), (4000, 100), (8200, 5000)])
+                                   (4096, 4096), (4000, 100), (8192, 8192), (6000, 300), (16400, 10000)])
 @pytest.mark.parametrize("gates", GATES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_gradients_match_float64_autograd(dtype, gates, n, nk):
@@ -352,7 +352,7 @@ def spectrum_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("n", [1000, 4096])
+@pytest.mark.parametrize("n", [1000, 4096, 8192])
 def test_module_caches_the_filter_spectrum_in_inference(spectrum_calls, n):
     seeded("module", n)
     m = tk.FFTConv(n)

@@ -43,7 +43,7 @@ from gpu_support import (fftconv_inputs, fftconv_reference as reference, kernel_
 
 pytestmark = pytest.mark.gpu
 
-KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096]  # fft_size = 2 * length
+KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192]  # fft_size = 2 * length
 DTYPES = [torch.bfloat16, torch.float16]
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 REL_FACTOR = 2.0
@@ -132,14 +132,14 @@ def test_short_filters(n, dtype, filter_length):
 # Lengths between the kernel lengths: multiples of 8 go in as they are (the kernel treats the
 # rest of its length as zeros); others are padded to a multiple of 8 first.
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("n", [1, 8, 17, 255, 264, 300, 1000, 1025, 2040, 2049, 3000, 4095])
+@pytest.mark.parametrize("n", [1, 8, 17, 255, 264, 300, 1000, 1025, 2040, 2049, 3000, 4095, 4104, 6000, 8191])
 def test_lengths_between_kernel_lengths(n, dtype):
     seeded("between", n, dtype)
     u, k, pre, post = fftconv_inputs(3, 2, n, dtype, "both")
     assert_close(fftconv(u, k, pre, post), u, k, pre, post)
 
 
-@pytest.mark.parametrize("n", [256, 1024, 4096])
+@pytest.mark.parametrize("n", [256, 1024, 4096, 8192])
 def test_larger_fft_than_needed(n):
     """A call may run a longer kernel than its length needs (more zero padding): same answer."""
     seeded("larger", n)
@@ -188,7 +188,7 @@ def test_batch_and_heads(batch, heads):
 
 def test_every_element_written_at_every_length():
     """Lengths that end mid-tile: elements past the length are not written, the rest are."""
-    for n in (8, 136, 264, 520, 1032, 2056, 4088):
+    for n in (8, 136, 264, 520, 1032, 2056, 4088, 4104, 8184):
         seeded("tail", n)
         u = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
         k = make_filter(2, min(n, 64))
@@ -212,7 +212,7 @@ def test_non_default_stream():
 # ---- the spectrum ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fft_size", [512, 1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("fft_size", [512, 1024, 2048, 4096, 8192, 16384])
 def test_filter_spectrum_is_the_rfft(fft_size):
     """The kernels take rfft(k, fft_size) as (H, fft_size / 2 + 1, 2) floats and build each
     position's K[f] (conj(K[L - f]) above L / 2) themselves."""
@@ -290,7 +290,7 @@ def test_filter_grad_matches_reference(n, dtype, batch):
     assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
 
 
-@pytest.mark.parametrize("n", [8, 136, 264, 1000, 2056, 4088])
+@pytest.mark.parametrize("n", [8, 136, 264, 1000, 2056, 4088, 4104, 8184])
 def test_filter_grad_lengths_between_kernel_lengths(n):
     seeded("filter-grad-between", n)
     u = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
@@ -299,7 +299,7 @@ def test_filter_grad_lengths_between_kernel_lengths(n):
 
 
 @pytest.mark.parametrize("batch, heads", [(64, 3), (40, 300), (2, 5000), (1, 1)])
-@pytest.mark.parametrize("n", [256, 2048, 4096])
+@pytest.mark.parametrize("n", [256, 2048, 4096, 8192])
 def test_filter_grad_heads_over_blocks(n, batch, heads):
     """A head's pairs spread over several blocks (few heads, many pairs: partial sums added into
     the output), or many whole heads per block."""
@@ -309,7 +309,7 @@ def test_filter_grad_heads_over_blocks(n, batch, heads):
     assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
 
 
-@pytest.mark.parametrize("n", [256, 1024, 4096])
+@pytest.mark.parametrize("n", [256, 1024, 4096, 8192])
 def test_filter_grad_small_gradients_in_fp16(n):
     """dy around 1e-4 (fp16's normal range ends at 6e-5): the accumulated spectrum is scaled by a
     power of two before it becomes a 16-bit operand, so its digits survive."""
@@ -319,7 +319,7 @@ def test_filter_grad_small_gradients_in_fp16(n):
     assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
 
 
-@pytest.mark.parametrize("n", [512, 4096])
+@pytest.mark.parametrize("n", [512, 4096, 8192])
 def test_filter_grad_strided_inputs(n):
     seeded("filter-grad-strided", n)
     u = torch.randn(4, 6, n + 16, device="cuda", dtype=torch.bfloat16)[:, ::2, 8:8 + n]

@@ -2,6 +2,7 @@
 // launches (and their shared-memory sizes).
 #pragma once
 #include "fftconv/three_factor.cuh"
+#include "fftconv/three_factor_large.cuh"
 #include "fftconv/two_factor.cuh"
 
 namespace tk::fftconv {
@@ -16,12 +17,14 @@ auto with_config(int fft_size, F&& f) {
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
         case 4096: return f(ThreeFactor<T, 16>{});
-        default: return f(ThreeFactor<T, 32>{});
+        case 8192: return f(ThreeFactor<T, 32>{});
+        default: return f(ThreeFactorLarge<T, 64>{});
     }
 }
 
-// The filter gradient's: as the forward's, but 8 warps per block at L = 8192, where 16 warps'
-// 128 registers each cannot hold the accumulated spectrum without spilling.
+// The filter gradient's: as the forward's, but 8 warps per block from L = 8192, where 16 warps'
+// 128 registers each cannot hold the accumulated spectrum without spilling (at L = 16384 the
+// block holds half of a head's frequencies, as many tiles per warp as at 8192).
 template <typename T, typename F>
 auto with_filter_grad_config(int fft_size, F&& f) {
     switch (fft_size) {
@@ -29,7 +32,8 @@ auto with_filter_grad_config(int fft_size, F&& f) {
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
         case 4096: return f(ThreeFactor<T, 16>{});
-        default: return f(ThreeFactor<T, 32, 8>{});
+        case 8192: return f(ThreeFactor<T, 32, 8>{});
+        default: return f(ThreeFactorLarge<T, 64, 8>{});
     }
 }
 

@@ -29,8 +29,8 @@ constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
 void check_fft_size(int64_t fft_size, const char* op) {
     TORCH_CHECK(fft_size > 0 && fft_size <= std::numeric_limits<int>::max() &&
                     decomposition(static_cast<int>(fft_size)).fft_size != 0,
-                op, "fft_size must be one of the kernel sizes 512, 1024, 2048, 4096, 8192 (twice the kernel "
-                "length 256 .. 4096), got ", fft_size);
+                op, "fft_size must be one of the kernel sizes 512, 1024, 2048, 4096, 8192, 16384 (twice the "
+                "kernel length 256 .. 8192), got ", fft_size);
 }
 
 void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u, const char* op) {

@@ -3,7 +3,7 @@
 //
 // y = irfft(rfft(u * pregate, L) * K, L)[:n] * postgate with L = 2N for kernel length N. The FFT
 // of length L is the Monarch (four-step) factorisation L = R x Q (two_factor.cuh) or R x 16 x 16
-// (three_factor.cuh); the spectrum is multiplied by K (conj(K) for the correlation) and the
+// (three_factor.cuh, three_factor_large.cuh); the spectrum is multiplied by K (conj(K) for the correlation) and the
 // inverse runs the same steps backwards with conjugate matrices and twiddles, computing only the
 // output's first half. Every DFT matrix carries 1/sqrt(size), so the inverse's 1/L is spread over
 // the stages and every intermediate stays near the input's or the output's magnitude (fp16 has
@@ -28,7 +28,8 @@ namespace {
 template <typename C>
 auto forward_kernel() {
     using T = typename C::dtype;
-    if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS>;
+    if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS>;
+    else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS>;
     else return two_factor_forward<T, C::R, C::Q, C::WARPS>;
 }
 

@@ -12,7 +12,8 @@ namespace {
 template <typename C>
 auto filter_grad_kernel() {
     using T = typename C::dtype;
-    if constexpr (C::THREE_FACTORS) return three_factor_filter_grad<T, C::R, C::WARPS>;
+    if constexpr (is_large<C>) return three_factor_large_filter_grad<T, C::R, C::WARPS>;
+    else if constexpr (C::THREE_FACTORS) return three_factor_filter_grad<T, C::R, C::WARPS>;
     else return two_factor_filter_grad<T, C::R, C::Q, C::WARPS>;
 }
 
@@ -22,8 +23,10 @@ cudaError_t run(const FilterGradParams& p, cudaStream_t stream) {
         using C = decltype(config);
         static_assert(matches_decomposition<C>());
         static_assert(C::grad_shared_bytes <= kMaxSharedBytes);
-        return launch<T>(filter_grad_kernel<C>(), C::THREADS, C::grad_shared_bytes, filter_grad_args<T>(p),
-                         p.multiprocessors, /*whole_heads=*/true, stream);
+        Args<T> a = filter_grad_args<T>(p);
+        if constexpr (is_large<C>) a.parts = C::PARTS;  // a block per part of a head's frequencies
+        return launch<T>(filter_grad_kernel<C>(), C::THREADS, C::grad_shared_bytes, a, p.multiprocessors,
+                         /*whole_heads=*/true, stream);
     });
 }
 

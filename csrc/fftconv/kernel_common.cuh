@@ -30,7 +30,8 @@ struct Args {
     float* grad;             // filter gradient: (heads, seqlen), added into
     int batch, heads, seqlen;
     int pairs;           // per head: ceil(batch / 2)
-    int tasks;           // heads * pairs; task t = (head t / pairs, pair t % pairs)
+    int parts;           // blocks' shares of a head's frequencies (filter gradient; else 1)
+    int tasks;           // heads * parts * pairs; task t = (head and part t / pairs, pair t % pairs)
     int tasks_per_block; // block b runs tasks [b * tasks_per_block, ...) in order
 
     // The sequences (2 pair, h) and (2 pair + 1, h) of a tensor, the second nullptr past the
@@ -196,6 +197,7 @@ Args<T> forward_args(const ForwardParams& p) {
     a.conjugate = p.conjugate;
     a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
     a.pairs = (p.batch + 1) / 2;
+    a.parts = 1;
     return a;
 }
 
@@ -209,6 +211,7 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
     a.grad = p.grad;
     a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
     a.pairs = (p.batch + 1) / 2;
+    a.parts = 1;
     return a;
 }
 
@@ -216,14 +219,14 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
 // setup (DFT matrices and twiddles from sincospif) costs about as much as a few tasks, so it is
 // paid once per block. whole_heads: a block's share is rounded up to whole heads where there
 // are at least as many tasks per block as a head has (the filter gradient then sums each head
-// in one block, in a fixed order).
+// in one block, in a fixed order; with parts > 1, each part of a head in one block).
 template <typename T, typename Kernel>
 cudaError_t launch(Kernel kernel, int threads, int smem, Args<T> a, int multiprocessors, bool whole_heads,
                    cudaStream_t stream) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
     int blocks_per_sm = 0;
     if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
-    const int64_t tasks = int64_t(a.heads) * a.pairs;
+    const int64_t tasks = int64_t(a.heads) * a.parts * a.pairs;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     a.tasks = int(tasks);
     const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (multiprocessors > 0 ? multiprocessors : 1);

@@ -16,7 +16,12 @@ import numpy as np
 import torch
 
 # Kernel length N -> the factorisation of the FFT of length 2N (params.h, decomposition()).
-CONFIGS = {256: (32, 1, 16), 512: (32, 1, 32), 1024: (64, 1, 32), 2048: (16, 16, 16), 4096: (32, 16, 16)}
+CONFIGS = {256: (32, 1, 16), 512: (32, 1, 32), 1024: (64, 1, 32), 2048: (16, 16, 16), 4096: (32, 16, 16),
+           8192: (64, 16, 16)}
+# Kernel lengths whose filter gradient splits each head's frequencies k_r over this many blocks,
+# each scaling its part of the accumulated spectrum to 16 bits by its own power of two
+# (three_factor_large.cuh).
+FILTER_GRAD_PARTS = {8192: 2}
 
 
 def rnd(x, dtype):
@@ -149,7 +154,9 @@ def three_factor_spectrum(z, R, dtype, P=16, Q=16):
     return Z @ FQ                                                       # [k_r, k_p, k_q]
 
 
-def three_factor_inverse(W, R, dtype, P=16, Q=16):
+def three_factor_inverse(W, R, dtype, P=16, Q=16, row_scale=None):
+    """row_scale (R,): the power of two each k_r row of W was scaled by (divided out after the
+    16-bit steps, before G1 sums the rows, as each part's block does)."""
     L = R * P * Q
     FRh = rnd(dft(R)[:, : R // 2] / math.sqrt(R), dtype)
     FP, FQ = rnd(dft(P) / math.sqrt(P), dtype), rnd(dft(Q) / math.sqrt(Q), dtype)
@@ -159,6 +166,8 @@ def three_factor_inverse(W, R, dtype, P=16, Q=16):
     tw2 = root(P * Q, p * q)[0]
     V = rnd((W @ np.conj(FQ)) * np.conj(tw2), dtype)
     U = rnd(np.einsum('pa,raq->rpq', np.conj(FP), V) * np.conj(tw1), dtype)
+    if row_scale is not None:
+        U = U / row_scale[:, None, None]
     return (np.conj(FRh).T @ U.reshape(R, P * Q)).reshape(L // 2)
 
 
@@ -174,8 +183,16 @@ def filter_grad_model(u, dy, dtype):
         S = (two_factor_spectrum(zd, R, Q, dtype) * np.conj(two_factor_spectrum(zu, R, Q, dtype))).sum(0)
     else:
         S = (three_factor_spectrum(zd, R, dtype, P, Q) * np.conj(three_factor_spectrum(zu, R, dtype, P, Q))).sum(0)
-    _, e = math.frexp(max(np.abs(S.real).max(), np.abs(S.imag).max()))
-    scale = 2.0 ** (6 - e)
+    def power_of_two(part):
+        _, e = math.frexp(max(np.abs(part.real).max(), np.abs(part.imag).max()))
+        return 2.0 ** (6 - e)
+
+    parts = FILTER_GRAD_PARTS.get(n, 1)
+    if parts > 1:  # S is [k_r, k_p, k_q]: rows k_r split into contiguous parts
+        row_scale = np.repeat([power_of_two(part) for part in np.split(S, parts)], R // parts)
+        W = rnd(S * row_scale[:, None, None], dtype)
+        return three_factor_inverse(W, R, dtype, P, Q, row_scale).real * math.sqrt(2 * n)
+    scale = power_of_two(S)
     W = rnd(S * scale, dtype)
     y = two_factor_inverse(W, R, Q, dtype) if P == 1 else three_factor_inverse(W, R, dtype, P, Q)
     return y.real * math.sqrt(2 * n) / scale

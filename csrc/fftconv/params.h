@@ -31,6 +31,7 @@ constexpr Decomposition decomposition(int fft_size) {
         case 2048: return {2048, 64, 1, 32};
         case 4096: return {4096, 16, 16, 16};
         case 8192: return {8192, 32, 16, 16};
+        case 16384: return {16384, 64, 16, 16};
         default: return {0, 0, 0, 0};
     }
 }

@@ -101,9 +101,11 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
         const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
         const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
         tab.twiddle_frag[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
-        const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
-        const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
-        tab.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+        if constexpr (requires { tab.twiddle_rows; }) {
+            const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
+            const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
+            tab.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+        }
         if (e < PQ / 2) {
             const float2 u0 = unit_root(row * col, PQ), u1 = unit_root(row * (col + 1), PQ);
             tab.twiddle2[e] = make_float4(u0.x, u0.y, u1.x, u1.y);
@@ -187,16 +189,17 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
 
 // Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
 // F2, T2, F3.
-template <typename C>
+// `slot` is the tile's index in buf (k_r, or its place in a buffer of part of the k_r).
+template <typename C, typename Buf>
 __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& acc, const F16<C>& f16,
-                                             typename C::Tables& tab, typename C::buffer (&buf)[2], int kr) {
+                                             typename C::Tables& tab, Buf (&buf)[2], int slot) {
     using sub16 = typename C::sub16;
     using sub16_b = typename C::sub16_b;
     const uint32_t re = buf[0].base(), im = buf[1].base();
     complex_tile<sub16_b> yb;
     sub16_b yb_neg;
-    load_from(yb.re, [&](int row, int col) { return re + C::buffer::offset(kr, row, col); });
-    load_from(yb.im, [&](int row, int col) { return im + C::buffer::offset(kr, row, col); });
+    load_from(yb.re, [&](int row, int col) { return re + Buf::offset(slot, row, col); });
+    load_from(yb.im, [&](int row, int col) { return im + Buf::offset(slot, row, col); });
     negate(yb_neg, yb.im);
     kt::zero(acc.re);
     kt::zero(acc.im);
@@ -212,16 +215,28 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     cmma_neg_a(acc, z, z_neg, f16.b);  // F3: rows k_p, cols k_q
 }
 
-// Phase 2, inverse: the spectrum tile z (16-bit) back into tile k_r of buf: G3, T2*, G2, T1*.
-// The tile is overwritten in place: the caller's warp read it (tile_forward) in this phase.
+// w_L^(k_r q) and w_L^(k_r (q + 1)) for an even q: from the row-major table where the
+// configuration has one, else from the fragment-order one (the same values; 8 KiB less at R = 64).
+// Either way a warp reads 4 consecutive float4s per access.
 template <typename C>
+__device__ __forceinline__ float4 twiddle_at(const typename C::Tables& tab, int kr, int q) {
+    if constexpr (requires { tab.twiddle_rows; }) {
+        return tab.twiddle_rows[kr * (C::Q / 2) + q / 2];
+    } else {
+        const int k = (kr % kt::TILE_DIM) / 8 + 2 * (q / 8), lane = (kr % 8) * 4 + (q % 8) / 2;
+        return tab.twiddle_frag[((kr / kt::TILE_DIM) * 4 + k) * kt::WARP_THREADS + lane];
+    }
+}
+
+// Phase 2, inverse: the spectrum tile z (16-bit) of k_r back into tile `slot` of buf: G3, T2*,
+// G2, T1*. The tile is overwritten in place: the caller's warp read it (tile_forward) in this phase.
+template <typename C, typename Buf>
 __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub16>& z, const F16<C>& f16,
-                                             typename C::Tables& tab, typename C::buffer (&buf)[2], int kr) {
+                                             typename C::Tables& tab, Buf (&buf)[2], int kr, int slot) {
     using T = typename C::dtype;
     using sub16 = typename C::sub16;
     using sub16_b = typename C::sub16_b;
     using acc16 = typename C::acc16;
-    constexpr int Q = C::Q;
     sub16 z_neg;
     negate(z_neg, z.re);
     complex_tile<acc16> acc;
@@ -244,7 +259,7 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
         float2& im = acc.im.tiles[0][0].data[k];
         const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
         const float2 c = tab.twiddle_p[kr * C::P + row];
-        const float4 w = tab.twiddle_rows[kr * (Q / 2) + col / 2];
+        const float4 w = twiddle_at<C>(tab, kr, col);
         const float2 w0 = make_float2(w.x * c.x - w.y * c.y, w.x * c.y + w.y * c.x);
         const float2 w1 = make_float2(w.z * c.x - w.w * c.y, w.z * c.y + w.w * c.x);
         const float2 r0 = re, i0 = im;
@@ -255,8 +270,8 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     // reads must be done first (a write-after-read within the warp).
     __syncwarp();
     const uint32_t re = buf[0].base(), im = buf[1].base();
-    store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(kr, row, col); });
-    store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(kr, row, col); });
+    store_to<T>(acc.re, [&](int row, int col) { return re + Buf::offset(slot, row, col); });
+    store_to<T>(acc.im, [&](int row, int col) { return im + Buf::offset(slot, row, col); });
 }
 
 // Phase 3 for columns (p, *): acc[r, q] = sum_k_r conj(F_R[r, k_r]) buf[k_r, p, q] / sqrt(R)
@@ -304,16 +319,17 @@ constexpr bool spectrum_order_is_a_permutation() {
 
 // cp.async of head h's spectrum into `slot` in phase 2's order, each K[f] copied from
 // K[min(f, L - f)]: the imaginary parts above L/2 need their signs flipped after it lands
-// (fix_spectrum_signs), which cp.async cannot do.
-template <typename C, typename T>
+// (fix_spectrum_signs), which cp.async cannot do. COUNT: the first COUNT positions (tiles
+// k_r < COUNT / 256) only.
+template <typename C, typename T, int COUNT = C::L>
 __device__ __forceinline__ void gather_spectrum_async(float4* slot, const Args<T>& a, int h, int thread) {
     constexpr int L = C::L;
     float2* dst = reinterpret_cast<float2*>(slot);
     const float2* src = a.spectrum + int64_t(h) * (L / 2 + 1);
-    static_assert(L % C::THREADS == 0);
 #pragma unroll
-    for (int i = 0; i < L / C::THREADS; i++) {
+    for (int i = 0; i < (COUNT + C::THREADS - 1) / C::THREADS; i++) {
         const int c = thread + i * C::THREADS;
+        if (COUNT % C::THREADS != 0 && c >= COUNT) break;
         const int f = spectrum_frequency<C>(c);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(kt::shared_address(dst + c)),
                      "l"(src + (f > L / 2 ? L - f : f))
@@ -323,12 +339,13 @@ __device__ __forceinline__ void gather_spectrum_async(float4* slot, const Args<T
 
 // After this thread's gather_spectrum_async landed: K[f] = conj(K[L - f]) above L/2 (a real
 // filter), and conj(K) everywhere for the correlation.
-template <typename C>
+template <typename C, int COUNT = C::L>
 __device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate, int thread) {
     float2* v = reinterpret_cast<float2*>(slot);
 #pragma unroll
-    for (int i = 0; i < C::L / C::THREADS; i++) {
+    for (int i = 0; i < (COUNT + C::THREADS - 1) / C::THREADS; i++) {
         const int c = thread + i * C::THREADS;
+        if (COUNT % C::THREADS != 0 && c >= COUNT) break;
         if ((spectrum_frequency<C>(c) > C::L / 2) != conjugate) v[c].y = -v[c].y;
     }
 }
@@ -405,7 +422,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
-            tile_inverse<C>(z, f16, s.tab, s.buf, kr);
+            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
         }
         __syncthreads();
         if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
@@ -511,7 +528,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         for (int j = 0; j < KR_PER_WARP; j++) {
             complex_tile<typename C::sub16> z;
             scaled_copy(z, sum[j], scale);
-            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j);
+            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j, warp + WARPS * j);
             kt::zero(sum[j].re);
             kt::zero(sum[j].im);
         }
