@@ -30,6 +30,7 @@
 #pragma once
 #include "kittens/kittens.cuh"
 #include "based/backward_params.h"
+#include "based/column_sums.cuh"
 #include "based/pair_features.cuh"
 
 namespace tk::based::backward {
@@ -86,27 +87,6 @@ __device__ __forceinline__ void scaled_copy(RT& dst, const acc_tile& src, float 
     for (int k = 0; k < REGISTERS; k++) {
         const float2 x = src.tiles[0][0].data[k];
         dst.tiles[0][0].data[k] = kt::convert_pair<typename RT::dtype, float>(make_float2(x.x * factor, x.y * factor));
-    }
-}
-
-// One value per column of a 16-wide accumulator tile at the positions this lane holds: columns
-// 2 (lane % 4) + {0, 1} (half 0) and 8 more (half 1).
-struct column_values {
-    float2 half[2];
-};
-
-// Column sums of 64 chunk rows held as four col-layout 16x16 tiles, added to `sums`, as the
-// product ones (16 x 64) x X, whose every row is the column sums in the accumulator's layout.
-template <typename T>
-__device__ __forceinline__ void add_column_sums(column_values& sums, const tile<T>& ones, const col_tile<T> (&x)[4]) {
-    acc_tile total;
-    kt::zero(total);
-#pragma unroll
-    for (int j = 0; j < 4; j++) kt::mma_AB(total, ones, x[j], total);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        sums.half[half].x += total.tiles[0][0].data[2 * half].x;
-        sums.half[half].y += total.tiles[0][0].data[2 * half].y;
     }
 }
 
