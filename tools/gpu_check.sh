@@ -219,7 +219,7 @@ if want sanitize; then
             [[ $tool == racecheck ]] && filter=(--kernel-name kns=2tk)
             # Without the caching allocator every tensor is its own cudaMalloc, so memcheck sees
             # accesses past the end of an output as out of bounds.
-            run_step "$tool" 300 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul based fftconv differential}; do
+            run_step "$tool" 540 bash -c "for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul based fftconv differential}; do
                     PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool ${filter[*]} --error-exitcode 99 \
                         '$PY' tools/sanitize_\$s.py || exit \$?; done" > "$OUT/sanitize_$tool.log" 2>&1
         done
