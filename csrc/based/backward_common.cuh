@@ -31,6 +31,7 @@
 #include "kittens/kittens.cuh"
 #include "based/backward_params.h"
 #include "based/column_sums.cuh"
+#include "based/state_rows.cuh"
 #include "based/pair_features.cuh"
 
 namespace tk::based::backward {
@@ -102,17 +103,6 @@ __device__ __forceinline__ void zero_state(State& s) {
     kt::zero(s.linear);
     s.constant = {};
 }
-
-// One (batch, head) of a public state (B, H, 273, Dv + 1).
-struct StateRows {
-    float* base;
-    int pitch;  // Dv + 1
-    __device__ float& operator()(int row, int col) const { return base[int64_t(row) * pitch + col]; }
-    // The symmetric part of the quadratic block at features (a, b), over the internal scale.
-    __device__ float quad(int a, int b, int col, const Constants& c) const {
-        return ((*this)(17 + 16 * a + b, col) + (*this)(17 + 16 * b + a, col)) * c.half_inv_kappa;
-    }
-};
 
 // The state of value columns value_col .. value_col + 15 from a public one (its quadratic block's
 // symmetric part: all that phi(x)^T S sees).

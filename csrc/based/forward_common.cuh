@@ -1,9 +1,10 @@
 // Pieces of the Based forward shared by its kernels (forward_sm80.cu, forward_sm90.cu): the call's
-// constants, the state rows of a (batch, head) in HBM, and the normaliser z (the state's v = 1
-// column) kept in shared memory, with the denominators it gives. The math is in params.h.
+// constants and the normaliser z (the state's v = 1 column) kept in shared memory, with the
+// denominators it gives. The math is in params.h.
 #pragma once
 #include "kittens/kittens.cuh"
 #include "based/column_sums.cuh"
+#include "based/state_rows.cuh"
 #include "based/params.h"
 
 namespace tk::based {
@@ -26,18 +27,6 @@ inline Constants make_constants(const ForwardParams& p) {
 }
 
 using acc_tile = kittens::rt_fl<16, 16>;
-
-// Reads of an initial state (B, H, 273, Dv + 1) and writes of the final one, for one (batch, head).
-struct StateRows {
-    float* base;
-    int pitch;  // Dv + 1
-    __device__ float& operator()(int row, int col) const { return base[int64_t(row) * pitch + col]; }
-    // The symmetric part of the quadratic block at features (a, b), over the internal scale:
-    // rows 17 + 16 a + b and 17 + 16 b + a, halved, divided by kappa.
-    __device__ float quad(int a, int b, int col, const Constants& c) const {
-        return ((*this)(17 + 16 * a + b, col) + (*this)(17 + 16 * b + a, col)) * c.half_inv_kappa;
-    }
-};
 
 // The normaliser state z and this chunk's denominators. Fragment-ordered: element [k][l] is
 // register k (or column half k) of lane l, so every access of a warp is one contiguous 256 bytes.
