@@ -281,17 +281,18 @@ class Fallback(NamedTuple):
 # The note explain() adds to a fallback that leaves SDPA's flash backend out.
 WITHOUT_FLASH_NOTE = "without SDPA's flash backend: it may split the keys, and its merge writes out of bounds"
 SDPA_BACKENDS_WITHOUT_FLASH = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_FLASH_QUERY_BLOCK = 64
+_FLASH_BLOCK = 64  # FlashAttention-2's query block; its key blocks are no shorter
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def flash_may_split_keys(query, key, dropout_p) -> bool:
     """Whether SDPA's flash backend could compute this call with its keys split (see above)."""
+    # One key block (or fewer): nothing to split.
     if (query.device.type != "cuda" or query.dtype not in _FLASH_DTYPES or dropout_p > 0
-            or query.is_nested or key.shape[-2] <= _FLASH_QUERY_BLOCK):
+            or query.is_nested or key.shape[-2] <= _FLASH_BLOCK):
         return False
     rows = query.shape[-2]
-    blocks = math.prod(query.shape[:-2]) * -(-rows // _FLASH_QUERY_BLOCK)
+    blocks = math.prod(query.shape[:-2]) * -(-rows // _FLASH_BLOCK)
     return blocks < torch.cuda.get_device_properties(query.device).multi_processor_count
 
 
@@ -304,8 +305,8 @@ def fallback_call(query, key, value, attn_mask, dropout_p, is_causal) -> Fallbac
             and query.shape[-2] > key.shape[-2]):
         hidden = query.shape[-2] - key.shape[-2]
         attn_mask, is_causal = None, True
-    operands = [("query", query[..., hidden:, :] if hidden else query), ("key", key),
-                ("value", value)]
+    computed = query[..., hidden:, :] if hidden else query  # the query rows SDPA computes
+    operands = [("query", computed), ("key", key), ("value", value)]
     # A boolean or additive mask (a CausalBias is a Tensor subclass too, with no data). A
     # guarded mask is rebuilt in a new allocation anyway: it needs no copy.
     tensor_mask = isinstance(attn_mask, torch.Tensor) and not isinstance(attn_mask, CausalBias)
@@ -313,7 +314,7 @@ def fallback_call(query, key, value, attn_mask, dropout_p, is_causal) -> Fallbac
     if tensor_mask and not guard:
         operands.append(("attn_mask", attn_mask))
     copies = tuple(name for name, t in operands if _scaffold.peer_needs_copy(t))
-    without_flash = flash_may_split_keys(operands[0][1], key, dropout_p)
+    without_flash = flash_may_split_keys(computed, key, dropout_p)
     return Fallback(hidden, attn_mask, is_causal, copies, guard, without_flash)
 
 
