@@ -30,11 +30,20 @@ set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$(pwd)
 
+STEPS=${TK_CHECK_STEPS:-build,test,sanitize,bench}
+# A misspelt step would otherwise be skipped without a word, and the check pass having run nothing.
+for step in ${STEPS//,/ }; do
+    case $step in
+        build | test | test-fixed | test-differential | sanitize | bench) ;;
+        *) echo "TK_CHECK_STEPS: unknown step '$step' (steps: build, test, test-fixed," \
+               "test-differential, sanitize, bench)" >&2
+           exit 2 ;;
+    esac
+done
 OUT=${OUT:-./gpu_out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
-STEPS=${TK_CHECK_STEPS:-build,test,sanitize,bench}
 SANITIZERS=${TK_SANITIZERS:-memcheck,racecheck}
 BUDGET=${TK_CHECK_BUDGET_S:-570}
 export TK_CUDA_ARCHS=${TK_CUDA_ARCHS:-90a}
