@@ -81,13 +81,15 @@ TORCH_LIBRARY(tk, m) {
     // Gradients of based_fwd_sm80 without normalize (csrc/based/backward_params.h), mma.sync
     // kernels (sm_80 and newer): grad_out (the gradient of o) of v's shape; initial_state as the
     // forward took it (or None); grad_final_state, the gradient of the forward's final state (or
-    // None). Returns dq, dk, dv (new contiguous tensors in q's dtype) and, when
-    // grad_initial_state, the initial state's gradient: float32 (B, H, 273, Dv + 1) with the
-    // value columns' part (sum_i phi(q_i) grad_out_i^T plus grad_final_state's value columns,
-    // whose quadratic block enters through its symmetric part) and a zero last column; else an
-    // empty tensor.
+    // None); grad_denominator, float32 (B, H, N) or None: the gradient of the block-local
+    // denominators (sum of p(s_ij) over the keys j <= i of row i's 64-row block), whose terms are
+    // added to dq and dk (normalize's share that cancels against the value term). Returns dq, dk,
+    // dv (new contiguous tensors in q's dtype) and, when grad_initial_state, the initial state's
+    // gradient: float32 (B, H, 273, Dv + 1) with the value columns' part (sum_i phi(q_i)
+    // grad_out_i^T plus grad_final_state's value columns, whose quadratic block enters through its
+    // symmetric part) and a zero last column; else an empty tensor.
     m.def("based_bwd_sm80(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
-          "Tensor? grad_final_state, bool grad_initial_state) "
+          "Tensor? grad_final_state, bool grad_initial_state, Tensor? grad_denominator) "
           "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");
     // Based decoding step (CUDA cores, sm_80 and newer; csrc/based/step.h): T tokens q, k
     // (B, H, T, 16), v (B, H, T, Dv) with Dv 64 or 128, bf16/fp16, any strides, against the float32
@@ -195,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor> based_fwd_sm90_not_built(const at::Tensor&, c
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_not_built(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool) {
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&) {
     family_not_built("based_bwd_sm80", "based");
 }
 std::tuple<at::Tensor, at::Tensor> based_step_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,

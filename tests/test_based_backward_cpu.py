@@ -36,14 +36,17 @@ class BackwardStandIn:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state):
+    def __call__(self, grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
+                 grad_denominator):
         assert grad_out.dtype == q.dtype and grad_out.shape == v.shape
         for state in (initial_state, grad_final_state):
             assert state is None or (state.dtype == torch.float32 and state.is_contiguous())
+        assert grad_denominator is None or (grad_denominator.dtype == torch.float32
+                                            and grad_denominator.shape == q.shape[:3])
         self.calls.append({"initial_state": initial_state, "grad_final_state": grad_final_state,
-                           "grad_initial_state": grad_initial_state})
+                           "grad_initial_state": grad_initial_state, "grad_denominator": grad_denominator})
         return based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
-                                       grad_initial_state)
+                                       grad_initial_state, grad_denominator)
 
 
 @pytest.fixture(params=["sm90", "sm80"])
@@ -165,6 +168,42 @@ def test_normaliser_gradients_match_autograd(n, with_z0):
         assert dz0 is None
 
 
+@pytest.mark.parametrize("n", [1, 63, 64, 150])
+def test_normaliser_gradients_split_at_the_kernels_blocks(n):
+    """The terms within each row's own chunk (the kernels' grad_denominator, as the op contract
+    computes them) plus normaliser_gradients(within_chunks=False) are the whole gradient."""
+    q, k, v, s0 = make(2, 2, n, 64, dtype=torch.float64)
+    z0 = s0[..., -1].double()
+    delta = torch.randn(2, 2, n, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    whole = autograd.normaliser_gradients(q, k, SCALE, delta, z0)
+    across = autograd.normaliser_gradients(q, k, SCALE, delta, z0, within_chunks=False)
+    zero = torch.zeros_like(v)
+    within = based_backward_contract(zero, q, k, v, SCALE, None, None, False, delta)
+    within_q, within_k = within[0].double(), within[1].double()
+    torch.testing.assert_close(across[0] + within_q, whole[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(across[1] + within_k, whole[1], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(across[2], whole[2], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n", [1, 70])
+def test_normalize_hands_the_kernel_its_denominator_gradient(cpu_kernels, n):
+    """normalize=True passes grad_denominator = -(g . o) with g = grad_out / D rounded as the
+    kernel reads it; without normalize, None."""
+    q, k, v, _ = make(1, 2, n, 64)
+    grad = torch.randn(1, 2, n, 64, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    for normalize in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = tk.based(*leaves, normalize=normalize)
+        torch.autograd.grad((out.float() * grad.float()).sum(), leaves)
+        given = cpu_kernels.calls[-1]["grad_denominator"]
+        if not normalize:
+            assert given is None
+            continue
+        denominator = autograd.normaliser(q.float(), k.float(), SCALE, None) + 1e-6
+        g = (grad.float() / denominator.unsqueeze(-1)).to(q.dtype).float()
+        torch.testing.assert_close(given, -(g * out.float()).sum(-1), rtol=0, atol=0)
+
+
 def test_backward_fallback_where_shared_memory_is_short(cpu_kernels, monkeypatch):
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 101376))
     q, k, v, _ = make(1, 2, 20, 128)
@@ -181,8 +220,10 @@ def test_backward_fallback_where_shared_memory_is_short(cpu_kernels, monkeypatch
 def test_backward_op_fake_and_schema(cpu_kernels):
     q, k, v, s0 = make(2, 3, 16, 64)
     grad = torch.randn_like(v)
-    for state, final, want in ((None, None, False), (s0, torch.randn_like(s0), True)):
-        torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default, (grad, q, k, v, SCALE, state, final, want),
+    for state, final, want, denominator in ((None, None, False, None),
+                                            (s0, torch.randn_like(s0), True, torch.randn(2, 3, 16))):
+        torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default,
+                              (grad, q, k, v, SCALE, state, final, want, denominator),
                               test_utils=("test_schema", "test_faketensor"))
 
 

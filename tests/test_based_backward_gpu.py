@@ -1,7 +1,8 @@
 """tk::based_bwd_sm80 (the mma.sync Based backward) on a GPU, called as the op and through
 tk.based's autograd, against float64 autograd of the quadratic form: both dtypes, value dims 64
 and 128, lengths around the 64-row chunk (1, 17, 63, 64, 65, 1000, 4097), with and without an
-initial state and a final state's gradient, normalize on and off (through tk.based), strided
+initial state and a final state's gradient, normalize on and off (through tk.based; short sequences, where q's gradient cancels, under the
+differential suite's rule), the block-local denominators' gradient (grad_denominator), strided
 (B, N, H, D) inputs read in place, outputs that must be fully written, batch * heads beyond
 65535, repeatability, opcheck, and the op's checks.
 
@@ -30,6 +31,7 @@ import pytest
 import torch
 
 import thunderkittens as tk
+from differential.tolerance import assert_close
 from gpu_support import (BASED_FEATURES as FEATURES, BASED_SCALE as SCALE, BASED_STATE_ROWS as STATE_ROWS,
                          assert_within_torch_error, based_batch_heads_for as batch_heads_for, based_in_dtype,
                          based_reference as reference, based_state_from_prefix as state_from_prefix,
@@ -45,8 +47,22 @@ SLACK = 1e-6
 STATE_SLACK = 1e-6
 
 
-def op(grad_out, q, k, v, scale=SCALE, initial_state=None, grad_final_state=None, grad_initial_state=False):
-    return torch.ops.tk.based_bwd_sm80(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state)
+DENOMINATOR_BLOCK = 64  # csrc/based/backward_params.h
+
+
+def op(grad_out, q, k, v, scale=SCALE, initial_state=None, grad_final_state=None, grad_initial_state=False,
+       grad_denominator=None):
+    return torch.ops.tk.based_bwd_sm80(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
+                                       grad_denominator)
+
+
+def block_denominators(q, k, scale=SCALE):
+    """d_i = sum of p(s_ij) over the keys j <= i of row i's DENOMINATOR_BLOCK-row block, in q's
+    dtype (differentiable): what grad_denominator is the gradient of."""
+    s = scale * (q @ k.transpose(-1, -2))
+    rows = torch.arange(q.shape[-2], device=q.device)
+    keep = (rows[:, None] >= rows[None, :]) & (rows[:, None] // DENOMINATOR_BLOCK == rows[None, :] // DENOMINATOR_BLOCK)
+    return torch.where(keep, 1 + s + s * s / 2, torch.zeros((), dtype=s.dtype, device=s.device)).sum(-1)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -151,6 +167,59 @@ def test_other_scales(scale):
     in_dtype = [t.detach().requires_grad_() for t in (q, k, v)]
     yardstick = torch.autograd.grad((based_in_dtype(*in_dtype, scale).float() * grad_out.float()).sum(), in_dtype)
     assert_gradients((dq, dk, dv), expected, yardstick)
+
+
+@pytest.mark.parametrize("length", [1, 17, 64, 65, 1000])
+@pytest.mark.parametrize("value_dim", VALUE_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_denominator_gradient(dtype, value_dim, length):
+    """grad_denominator: dq, dk and dv of <o, grad_out> + <d, g> with d the block-local
+    denominators, against float64 autograd, within 2x PyTorch's in-dtype error."""
+    seeded("bwd-denominator", dtype, value_dim, length)
+    batch, heads = batch_heads_for(length)
+    q, k, v, grad_out = make_inputs(batch, heads, length, value_dim, dtype)
+    g = torch.randn(batch, heads, length, device="cuda")
+    got = op(grad_out, q, k, v, grad_denominator=g)[:3]
+    fp64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out, _ = reference(*fp64, SCALE, want_state=False)
+    loss = (out * grad_out.double()).sum() + (block_denominators(*fp64[:2]) * g.double()).sum()
+    expected = torch.autograd.grad(loss, fp64)
+    in_dtype = [t.detach().requires_grad_() for t in (q, k, v)]
+    loss = ((based_in_dtype(*in_dtype).float() * grad_out.float()).sum()
+            + (block_denominators(*in_dtype[:2]).float() * g).sum())
+    yardstick = torch.autograd.grad(loss, in_dtype)
+    assert_gradients(got, expected, yardstick)
+
+
+# ---- through tk.based (autograd formula, normalize) -----------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 2, 17, 65])
+@pytest.mark.parametrize("value_dim", VALUE_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_normalized_gradients_of_short_sequences(dtype, value_dim, length):
+    """normalize=True where the output hardly depends on q and k (one key: not at all, so q's
+    gradient is 0 up to cancellation): the value and normaliser terms meet in fp32 (the
+    kernel's grad_denominator), so the gradients hold the differential suite's rule, whose
+    cancellation case is a max-abs bound near float32 noise."""
+    seeded("tk-bwd-short", dtype, value_dim, length)
+    q, k, v, grad_out = make_inputs(3, 4, length, value_dim, dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    plan = tk.explain_based(*leaves, normalize=True)
+    assert plan.uses_kernel, str(plan)
+    with tk.strict():
+        out = tk.based(*leaves, normalize=True)
+    got = torch.autograd.grad((out.float() * grad_out.float()).sum(), leaves)
+    fp64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference(*fp64, SCALE, True, want_state=False)
+    expected = torch.autograd.grad((ref_out * grad_out.double()).sum(), fp64)
+    in_dtype = [t.detach().requires_grad_() for t in (q, k, v)]
+    yardstick = torch.autograd.grad((based_in_dtype(*in_dtype, SCALE, True).float() * grad_out.float()).sum(),
+                                    in_dtype)
+    for name, g, want, theirs in zip("qkv", got, expected, yardstick):
+        assert_close(f"grad of {name}", g, want, theirs)
+    if length == 1:  # q's gradient is 0 but for eps: float32 noise, not a rounding of O(1) parts
+        assert got[0].abs().max().item() < 1e-4, got[0].abs().max().item()
 
 
 # ---- through tk.based (autograd formula, normalize) -----------------------------------------
@@ -270,8 +339,11 @@ def test_opcheck(value_dim):
     q, k, v, grad_out = make_inputs(2, 3, 100, value_dim, torch.bfloat16)
     s0 = state_from_prefix(2, 3, value_dim, SCALE)
     grad_final = symmetric_final_gradient(2, 3, value_dim)
-    torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default, (grad_out, q, k, v, SCALE, s0, grad_final, True),
-                          test_utils=("test_schema", "test_faketensor"))
+    grad_denominator = torch.randn(2, 3, 100, device="cuda")
+    for denominator in (None, grad_denominator):
+        torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default,
+                              (grad_out, q, k, v, SCALE, s0, grad_final, True, denominator),
+                              test_utils=("test_schema", "test_faketensor"))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     torch.library.opcheck(torch.ops.tk.based_fwd_sm80.default,
                           (*leaves, SCALE, True, 1e-6, s0.clone().requires_grad_(), True),
@@ -321,4 +393,10 @@ def test_checks_name_the_argument():
         op(grad_out, q, k, v, SCALE, None, torch.zeros(1, 2, STATE_ROWS, 64, device="cuda"))
     with pytest.raises(RuntimeError, match="initial_state must be float32"):
         op(grad_out, q, k, v, SCALE, torch.zeros(1, 2, STATE_ROWS, 65, device="cuda", dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="grad_denominator must have shape"):
+        op(grad_out, q, k, v, grad_denominator=torch.zeros(1, 2, 69, device="cuda"))
+    with pytest.raises(RuntimeError, match="grad_denominator must be float32"):
+        op(grad_out, q, k, v, grad_denominator=torch.zeros(1, 2, 70, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="grad_denominator must be on q's device"):
+        op(grad_out, q, k, v, grad_denominator=torch.zeros(1, 2, 70))
     assert math.isclose(SCALE, 0.25)

@@ -281,6 +281,18 @@ __device__ __forceinline__ void add_state_gradient(acc_tile& out, const group_ro
     kt::mma_AB(out, rows, s, out);  // the linear feature's Jacobian is the identity (c1 is in the copy)
 }
 
+// g_i, the block-local denominators' gradient (backward_params.h), of the 16 queries from
+// first_query as a register vector V of a 16x16 tile: one value per row (dq: queries as rows) or
+// per column (dk); 0 past the sequence's end, and everywhere when g is null.
+template <typename V>
+__device__ __forceinline__ void load_denominator_gradient(V& out, const float* g, int first_query, int len) {
+#pragma unroll
+    for (int slot = 0; slot < V::slots; slot++) {
+        const int query = first_query + V::index(0, slot);
+        out.data[0][slot] = g != nullptr && query < len ? g[query] : 0.f;
+    }
+}
+
 // p'(s) scaled: ds = dp * (c1 + 2 c2 s) elementwise (dp, s: 16x16 fp32 tiles of the same rows).
 __device__ __forceinline__ void scale_by_derivative(acc_tile& dp, const acc_tile& s, const Constants& c) {
     const float two_c2 = 2.f * c.c2;

@@ -6,7 +6,8 @@
 // constant feature has no gradient and is not kept). Per chunk, for the row tile m of a warp:
 //   dq_m  = J_phi(q_m)^T (S do_m)                            (earlier chunks, through the state)
 //         + sum_{j <= m} (dP_mj * (c1 + 2 c2 s_mj)) k_j      (this chunk: causal 16x16 blocks)
-// with dP = do v^T and s = q k^T unscaled; then the chunk goes into S.
+// with dP = do v^T (+ g_m, the denominators' gradient, when given) and s = q k^T unscaled; then the
+// chunk goes into S.
 #include "based/backward_common.cuh"
 
 namespace tk::based::backward {
@@ -23,7 +24,8 @@ struct DqShared {
 template <typename T>
 struct DqGlobals {
     kt::gl<T> grad_out, q, k, v, dq;
-    const float* initial_state;  // (B, H, 273, Dv + 1) or null
+    const float* initial_state;     // (B, H, 273, Dv + 1) or null
+    const float* grad_denominator;  // (B, H, N) or null
 };
 
 template <typename T, int DV>
@@ -104,6 +106,13 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
             kt::zero(dq);
             add_state_gradient(dq, grad_rows, copy, value_group, RowFactors<T>(q_rows, q_gather, row_tile),
                                permutations);
+            // g of the row tile's queries, added to dP once (by value group 0: the groups' parts
+            // of dP add up through dq).
+            acc_tile::col_vec denominator_grad;
+            load_denominator_gradient(denominator_grad,
+                                      value_group == 0 && g.grad_denominator != nullptr
+                                          ? g.grad_denominator + int64_t(bh) * len : nullptr,
+                                      chunk * CHUNK + row_tile * kt::TILE_DIM, len);
 #pragma unroll 1
             for (int j = 0; j <= row_tile; j++) {
                 tile<T> k_rows;  // B operand of q k^T
@@ -116,6 +125,7 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
                 acc_tile ds;
                 kt::zero(ds);
                 kt::mma_ABt(ds, grad_rows, v_rows, ds);
+                kt::add_row(ds, ds, denominator_grad);
                 scale_by_derivative(ds, s, c);
                 if (j == row_tile) kt::mask_cols_after(ds, [](int row) { return row; }, 0.f);
                 tile<T> ds_high, ds_low;
@@ -158,7 +168,8 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
                          operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l),
                          operand(p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l),
                          operand(p.dq, FEATURE_DIM, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l),
-                         p.initial_state};
+                         p.initial_state,
+                         p.grad_denominator};
     constexpr int smem = DqShared<T, DV>::bytes;
     auto kernel = dq_kernel<T, DV>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;

@@ -28,7 +28,7 @@ constexpr const char* kOp = "tk::based_bwd_sm80: ";
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
     const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& grad_final_state,
-    bool grad_initial_state) {
+    bool grad_initial_state, const std::optional<at::Tensor>& grad_denominator) {
     check_qkv(q, k, v, scale, kOp);
     check_operand(grad_out, "grad_out", q, kOp);
     const ElementType dtype = element_type(q, kOp);
@@ -41,6 +41,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     const std::vector<int64_t> state_shape{batch, heads, STATE_ROWS, value_dim + 1};
     const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape, kOp);
     const at::Tensor grad_final = state_input(grad_final_state, "grad_final_state", q, state_shape, kOp);
+    at::Tensor denominator_grad;
+    if (grad_denominator.has_value() && grad_denominator->defined()) {
+        const at::Tensor& g = *grad_denominator;
+        TORCH_CHECK(g.is_cuda() && g.device() == q.device(), kOp, "grad_denominator must be on q's device ",
+                    q.device(), ", got ", g.device());
+        TORCH_CHECK(g.scalar_type() == at::kFloat, kOp, "grad_denominator must be float32, got ", g.scalar_type());
+        TORCH_CHECK(g.sizes() == at::IntArrayRef({batch, heads, len}), kOp,
+                    "grad_denominator must have shape (batch, heads, length) = ", at::IntArrayRef({batch, heads, len}),
+                    ", got ", g.sizes());
+        denominator_grad = g.contiguous();
+    }
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     int optin = 0;
@@ -76,6 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     p.initial_state = initial.defined() ? initial.const_data_ptr<float>() : nullptr;
     p.grad_final_state = grad_final.defined() ? grad_final.const_data_ptr<float>() : nullptr;
     p.grad_initial_state = grad_initial_state ? d_initial.mutable_data_ptr<float>() : nullptr;
+    p.grad_denominator = denominator_grad.defined() ? denominator_grad.const_data_ptr<float>() : nullptr;
     p.batch = static_cast<int>(batch);
     p.heads = static_cast<int>(heads);
     p.len = static_cast<int>(len);

@@ -1,5 +1,5 @@
-// Plain-C++ description of one Based backward call (no normalisation: the Python layer turns a
-// normalised call into this one plus a small normaliser term), shared by the torch op
+// Plain-C++ description of one Based backward call (the Python layer turns a normalised call into
+// this one plus the normaliser's terms across blocks), shared by the torch op
 // (backward_ops.cpp) and the kernel files, which must not include torch headers.
 //
 // With p(s) = 1 + s + s^2 / 2, s_ij = scale <q_i, k_j>, A_ij = p(s_ij) for j <= i, the forward is
@@ -14,6 +14,13 @@
 // quadratic blocks (as the forward reads S0), and d_initial_state's quadratic block comes out
 // symmetric: the caller adds dF's antisymmetric part and its last column (dk's term from dF's
 // last column too), which the kernels never see.
+//
+// With grad_denominator (g_i per row, float32), the gradient of the block-local denominators
+// d_i = sum_{j in block(i), j <= i} p(s_ij) (block(i): the DENOMINATOR_BLOCK rows that hold i) is
+// added: dP_ij becomes <do_i, v_j> + g_i for j in block(i) in dq and dk above. That is the
+// normalised forward's term that cancels against the value term where o_i hardly depends on the
+// keys (the first rows of a sequence: with one key the gradient of q is 0), so the two meet in
+// fp32 before dP p'(s) is rounded; the caller adds the earlier blocks' terms, which do not cancel.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -21,6 +28,9 @@
 #include "based/params.h"
 
 namespace tk::based {
+
+// The rows of a block of grad_denominator's denominators: the kernels' chunk.
+inline constexpr int DENOMINATOR_BLOCK = 64;
 
 struct BackwardParams {
     // (batch, heads, length, dim) with the last dim contiguous; every other stride (elements) a
@@ -45,6 +55,8 @@ struct BackwardParams {
     const float* grad_final_state;
     // (B, H, 273, Dv + 1) fp32 contiguous, or null: receives the initial state's gradient.
     float* grad_initial_state;
+    // (B, H, N) fp32 contiguous, or null: g, the gradient of the block-local denominators.
+    const float* grad_denominator;
 
     int batch, heads;
     int len;        // >= 1

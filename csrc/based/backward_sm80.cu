@@ -9,7 +9,8 @@
 //                                                             p(s) blocks shared through shared memory)
 //   dk_m  = J_phi(k_m)^T (R v_m)                              (row role, later chunks)
 //         + sum_{i >= m} (dP_mi * (c1 + 2 c2 s_mi)) q_i       (this chunk: anti-causal blocks)
-// with dP_mi = v_m do_i^T and s = k q^T unscaled; then the chunk goes into R. After the first
+// with dP_mi = v_m do_i^T (+ g_i, the denominators' gradient, when given) and s = k q^T unscaled;
+// then the chunk goes into R. After the first
 // chunk R is the initial state's gradient.
 #include "based/backward_common.cuh"
 
@@ -43,6 +44,7 @@ struct DkvGlobals {
     kt::gl<T> grad_out, q, k, v, dk, dv;
     const float* grad_final_state;  // (B, H, 273, Dv + 1) or null
     float* grad_initial_state;      // (B, H, 273, Dv + 1) or null
+    const float* grad_denominator;  // (B, H, N) or null
 };
 
 template <typename T, int DV>
@@ -192,6 +194,8 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
             acc_tile dk;
             kt::zero(dk);
             add_state_gradient(dk, v_rows, copy, value_group, RowFactors<T>(k_own, k_gather, row_tile), permutations);
+            const float* own_denominator_grad = value_group == 0 && g.grad_denominator != nullptr
+                                                    ? g.grad_denominator + int64_t(bh) * len : nullptr;
 #pragma unroll 1
             for (int i = row_tile; i < ROW_TILES; i++) {
                 tile<T> q_rows;  // B operand of k q^T
@@ -204,6 +208,9 @@ __global__ void __launch_bounds__(Shape<DV>::threads, Shape<DV>::min_blocks)
                 acc_tile ds;
                 kt::zero(ds);
                 kt::mma_ABt(ds, v_rows, grad_rows, ds);
+                acc_tile::row_vec denominator_grad;  // of queries i: once, by value group 0
+                load_denominator_gradient(denominator_grad, own_denominator_grad, chunk * CHUNK + i * kt::TILE_DIM, len);
+                kt::add_col(ds, ds, denominator_grad);
                 scale_by_derivative(ds, s, c);
                 if (i == row_tile) kt::mask_cols_before(ds, [](int row) { return row; }, 0.f);
                 tile<T> ds_high, ds_low;
@@ -264,7 +271,8 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
                           operand(p.dk, FEATURE_DIM, p.dk_stride_b, p.dk_stride_h, p.dk_stride_l),
                           operand(p.dv, DV, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l),
                           p.grad_final_state,
-                          p.grad_initial_state};
+                          p.grad_initial_state,
+                          p.grad_denominator};
     constexpr int smem = DkvShared<T, DV>::bytes;
     auto kernel = dkv_kernel<T, DV>;
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;

@@ -19,6 +19,7 @@ import torch
 
 from thunderkittens import _scaffold
 from thunderkittens._based import reference as based_reference
+from thunderkittens._based.autograd import CHUNK as DENOMINATOR_BLOCK
 
 from .environment import Environment
 
@@ -49,12 +50,12 @@ class StandIns:
         return out.to(q.dtype), final
 
     def based_backward(self, grad_out, q, k, v, scale, initial_state, grad_final_state,
-                       grad_initial_state):
+                       grad_initial_state, grad_denominator):
         """tk::based_bwd_sm80's contract: based_backward_contract."""
         assert grad_out.dtype == q.dtype and grad_out.shape == v.shape
         self.backward_calls.append(("based_bwd_sm80", grad_out, q, k, v))
         return based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
-                                       grad_initial_state)
+                                       grad_initial_state, grad_denominator)
 
     def _step(self, op, q, k, v, state, scale, normalize, eps):
         assert q.dtype in KERNEL_DTYPES and q.shape[-1] == FEATURES, (q.dtype, q.shape)
@@ -117,17 +118,24 @@ class StandIns:
 
 
 def based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
-                            grad_initial_state):
+                            grad_initial_state, grad_denominator=None):
     """tk::based_bwd_sm80's outputs, computed in float64 and returned in its dtypes
     (csrc/based/backward_params.h): the gradients of the unnormalised forward; the final state's
     gradient seen through the symmetric part of its value columns; the initial state's gradient
-    with a zero last column. Written out: autograd does not run inside an op's implementation."""
+    with a zero last column; with grad_denominator, its terms with the keys of each row's own
+    block of DENOMINATOR_BLOCK rows. Written out: autograd does not run inside an op's
+    implementation."""
     dv_dim = v.shape[-1]
     q, k, v, g = q.double(), k.double(), v.double(), grad_out.double()
     s = scale * (q @ k.transpose(-1, -2))
-    causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+    causal = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
     weights = torch.where(causal, 1 + s + s * s / 2, 0.0)
-    ds = torch.where(causal, (g @ v.transpose(-1, -2)) * (1 + s), 0.0) * scale
+    dp = g @ v.transpose(-1, -2)
+    if grad_denominator is not None:
+        rows = torch.arange(s.shape[-1], device=s.device) // DENOMINATOR_BLOCK
+        same_block = rows[:, None] == rows[None, :]
+        dp = dp + torch.where(same_block, grad_denominator.double().unsqueeze(-1), 0.0)
+    ds = torch.where(causal, dp * (1 + s), 0.0) * scale
     dq, dk, dv = ds @ k, ds.transpose(-1, -2) @ q, weights.transpose(-1, -2) @ g
     if initial_state is not None:  # o += phi(q) S0
         values = initial_state.double()[..., :dv_dim]

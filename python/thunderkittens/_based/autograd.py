@@ -11,11 +11,15 @@ with small PyTorch ops:
   the antisymmetric part of the final state's quadratic block passes to the initial state's
   (the kernels read only the symmetric part, which is all that phi(k)^T S sees);
 - normalize=True. With D_i = sum_{j<=i} p(s_ij) + phi(q_i).z0 + eps and o_i = n_i / D_i, the
-  gradient of the numerator n_i is do_i / D_i and that of D_i is delta_i = -(do_i . o_i) / D_i.
-  The numerator is the unnormalised forward, so the kernel gets do / D; D_i is the unnormalised
-  forward with v = 1 (one value column), computed here with its gradient written out (chunked
-  sums of k and k k^T: memory linear in N), which adds to dq, dk and the initial state's last
-  column.
+  gradient of the numerator n_i is g_i = do_i / D_i and that of D_i is delta_i = -(g_i . o_i).
+  The numerator is the unnormalised forward, so the kernel gets g (rounded to q's dtype; delta is
+  taken from the same rounded g, so the result is the exact gradient for a cotangent one rounding
+  away from do). D_i is the unnormalised forward with v = 1 (one value column), computed here in
+  chunks (sums of k and k k^T: memory linear in N). delta's terms with the keys of the row's own
+  CHUNK-row block go to the kernel (grad_denominator), which adds them to dP before rounding: they
+  cancel against the value terms where o_i hardly depends on q (the first rows, exactly with one
+  key), and added to the kernel's rounded dq that cancellation would leave about one rounding of
+  each part. The earlier blocks' and the initial state's terms are added here.
 
 Saved for the backward: q, k, v (the operands the forward op was given), the initial state, and
 with normalize the output o. Nothing of size N^2. A second backward is not supported.
@@ -29,7 +33,9 @@ import torch
 
 from .. import _scaffold
 
-CHUNK = 64  # rows per chunk of the normaliser's PyTorch computation
+# Rows per chunk of the normaliser's PyTorch computation: the kernels' block of grad_denominator
+# (DENOMINATOR_BLOCK in csrc/based/backward_params.h), so "within the chunk" means the same rows.
+CHUNK = 64
 
 
 def normaliser(q: torch.Tensor, k: torch.Tensor, scale: float, z0: torch.Tensor | None) -> torch.Tensor:
@@ -62,10 +68,12 @@ def normaliser(q: torch.Tensor, k: torch.Tensor, scale: float, z0: torch.Tensor 
 
 
 def normaliser_gradients(q: torch.Tensor, k: torch.Tensor, scale: float, delta: torch.Tensor,
-                         z0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                         z0: torch.Tensor | None, within_chunks: bool = True
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The gradients of sum_i delta_i normaliser(q, k, scale, z0)_i with respect to q, k and z0
     (None without z0), written out (no autograd inside a backward formula: torch.compile traces
-    this), in q's dtype (float32). delta (B, H, N)."""
+    this), in q's dtype (float32). delta (B, H, N). within_chunks=False leaves out the terms of
+    each row with the keys of its own chunk (the kernels add those: grad_denominator)."""
     batch, heads, length, features = q.shape
     chunks = -(-length // CHUNK)
     pad = chunks * CHUNK - length
@@ -73,12 +81,12 @@ def normaliser_gradients(q: torch.Tensor, k: torch.Tensor, scale: float, delta: 
     kc = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(batch, heads, chunks, CHUNK, features)
     dc = torch.nn.functional.pad(delta, (0, pad)).view(batch, heads, chunks, CHUNK, 1)
     c1, c2 = scale, scale * scale / 2
-    # Inside a chunk: delta_i p'(s_ij) for j <= i.
-    s = qc @ kc.transpose(-1, -2)
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    w = torch.where(causal, dc * (c1 + 2 * c2 * s), torch.zeros((), dtype=s.dtype, device=s.device))
-    dq = w @ kc
-    dk = w.transpose(-1, -2) @ qc
+    dq, dk = torch.zeros_like(qc), torch.zeros_like(kc)
+    if within_chunks:  # delta_i p'(s_ij) for j <= i
+        s = qc @ kc.transpose(-1, -2)
+        causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+        w = torch.where(causal, dc * (c1 + 2 * c2 * s), torch.zeros((), dtype=s.dtype, device=s.device))
+        dq, dk = w @ kc, w.transpose(-1, -2) @ qc
     # Across chunks: q_i meets the sums of k and k k^T of earlier chunks, k_j the sums of
     # delta q and delta q q^T of later ones.
     k_sum = kc.sum(-2)
@@ -138,15 +146,16 @@ def backward_formula(backward_op):
         if grad_out is None:
             grad_out = torch.zeros_like(v)
         z0 = None if initial_state is None else initial_state[..., -1]
+        delta = None
         if normalize:
             denominator = normaliser(q.float(), k.float(), scale, z0) + eps
-            delta = -(grad_out.float() * out.float()).sum(-1) / denominator
             grad_values = (grad_out.float() / denominator.unsqueeze(-1)).to(q.dtype)
+            delta = -(grad_values.float() * out.float()).sum(-1)
         else:
             grad_values = grad_out
         final_in = None if grad_final is None else grad_final.to(torch.float32).contiguous()
         dq, dk, dv, d_state = backward_op(_scaffold.operand(grad_values), q, k, v, scale, initial_state,
-                                          final_in, needs_state)
+                                          final_in, needs_state, delta)
         dq_extra = dk_extra = None
         if grad_final is not None:
             dk_extra = _feature_map_vjp(k, final_in[..., -1], scale)
@@ -154,7 +163,8 @@ def backward_formula(backward_op):
                 d_state[..., :value_dim] += _antisymmetric_part(final_in[..., :value_dim], features)
                 d_state[..., value_dim] += final_in[..., value_dim]
         if normalize:
-            dq_extra, dk_norm, dz0 = normaliser_gradients(q.float(), k.float(), scale, delta, z0)
+            dq_extra, dk_norm, dz0 = normaliser_gradients(q.float(), k.float(), scale, delta, z0,
+                                                          within_chunks=False)
             dk_extra = dk_norm if dk_extra is None else dk_extra + dk_norm
             if needs_state and dz0 is not None:
                 d_state[..., value_dim] += dz0

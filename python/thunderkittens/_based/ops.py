@@ -8,9 +8,11 @@ final_state a new contiguous float32 (B, H, 273, Dv + 1) tensor when output_fina
 an empty one.
 
 The backward op of both families, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
-grad_final_state, grad_initial_state) -> (dq, dk, dv, d_initial_state)``: the gradients of the
-unnormalised forward (csrc/based/backward_params.h) for grad_out of v's shape (readable in place),
-initial_state and grad_final_state None or contiguous float32 (B, H, 273, Dv + 1) tensors; dq, dk,
+grad_final_state, grad_initial_state, grad_denominator) -> (dq, dk, dv, d_initial_state)``: the
+gradients of the unnormalised forward (csrc/based/backward_params.h) for grad_out of v's shape
+(readable in place), initial_state and grad_final_state None or contiguous float32
+(B, H, 273, Dv + 1) tensors, plus with grad_denominator (float32 (B, H, N) or None) the terms of
+the block-local denominators' gradient in dq and dk; dq, dk,
 dv new contiguous tensors shaped like q, k, v, and d_initial_state (when grad_initial_state) a new
 float32 state-shaped tensor with a zero last column, else an empty one. It is the registered
 autograd formula of the forward op (autograd.py, which adds what the kernels do not compute: the
@@ -58,7 +60,8 @@ def _forward_fake(who: str):
 def _backward_fake(who: str):
     def fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              initial_state: torch.Tensor | None, grad_final_state: torch.Tensor | None,
-             grad_initial_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             grad_initial_state: bool, grad_denominator: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and grad_out.dim() == 4,
                      lambda: f"{who}: grad_out, q, k and v must be 4-D (batch, heads, length, dim)")
         torch._check(q.dtype in _scaffold.KERNEL_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
@@ -72,6 +75,9 @@ def _backward_fake(who: str):
             if state is not None:
                 torch._check(state.dtype == torch.float32 and state.shape == state_shape,
                              lambda: f"{who}: {name} must be a float32 {state_shape} tensor")
+        if grad_denominator is not None:
+            torch._check(grad_denominator.dtype == torch.float32 and grad_denominator.shape == q.shape[:3],
+                         lambda: f"{who}: grad_denominator must be a float32 {tuple(q.shape[:3])} tensor")
         d_state = q.new_empty(state_shape if grad_initial_state else (0,), dtype=torch.float32)
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_state
     return fake
