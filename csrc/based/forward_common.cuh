@@ -81,7 +81,10 @@ __device__ __forceinline__ void write_normaliser(const NormaliserState& z, const
 // z.denominator, from z (the earlier chunks) and the chunk's q and k (64 x 16 shared tiles).
 // Earlier chunks' part z0 + q . (c1 z1 + c2 Z2 q), c2 Z2 as a 16-bit high part plus the 16-bit
 // remainder (about 16 significant bits); then this chunk's scores of the row tile (recomputed
-// here, where few registers are live, rather than summed in a kernel's main products).
+// here, where few registers are live, rather than summed in a kernel's main products), rounded
+// to 16 bits as the numerator's P V product reads them: o_i is then a weighted mean of the
+// chunk's values with the same weights above and below (one key: o = v exactly), so the
+// backward's value and normaliser terms cancel where the exact ones do.
 template <typename T, typename QK>
 __device__ __forceinline__ void chunk_denominators(NormaliserState& z, const QK& q_chunk, const QK& k_chunk, int w,
                                                    const Constants& c) {
@@ -124,7 +127,9 @@ __device__ __forceinline__ void chunk_denominators(NormaliserState& z, const QK&
         acc_tile s;
         kt::zero(s);
         kt::mma_ABt(s, q_own, k_rows, s);
-        kt::for_each_element(s, [&](int, int, int, int, float& e) { e = fmaf(e, fmaf(e, c.c2, c.c1), 1.f); });
+        kt::for_each_element(s, [&](int, int, int, int, float& e) {
+            e = kt::convert<float>(kt::convert<T>(fmaf(e, fmaf(e, c.c2, c.c1), 1.f)));
+        });
         if (j == w) kt::mask_cols_after(s, [](int row) { return row; }, 0.f);
         kt::row_sum_lane_partial(row_sum, s, row_sum);
     }
