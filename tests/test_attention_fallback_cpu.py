@@ -369,3 +369,16 @@ def test_causal_bias_for_other_lengths_is_an_error(cpu_kernel):
     with pytest.raises(ValueError, match=r"causal bias for \(Lq, Lk\) = \(8, 16\) but query and key "
                                          r"have lengths \(16, 16\)"):
         tk.attention(q, q, q, attn_mask=causal_upper_left(8, 16))
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "lower_right"])
+def test_flash_avoided_only_where_sdpa_could_pick_it(monkeypatch, mask):
+    """The fallback runs without SDPA's flash backend where flash could split the keys, but a
+    call with a mask tensor never reaches flash (it takes none): no note, no changed backends."""
+    from thunderkittens._attention import plan
+    monkeypatch.setattr(plan, "flash_may_split_keys", lambda query, key, dropout_p: True)
+    q, k, v = (torch.randn(1, 2, n, 80) for n in (4, 1000, 1000))
+    masks = {"none": None, "bool": torch.rand(4, 1000) > 0.5, "additive": torch.randn(4, 1000),
+             "lower_right": lower_right_bias(4, 1000)}
+    call = plan.fallback_call(q, k, v, masks[mask], 0.0, False)
+    assert call.without_flash == (mask in ("none", "lower_right")), call

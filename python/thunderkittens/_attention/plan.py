@@ -314,7 +314,8 @@ def fallback_call(query, key, value, attn_mask, dropout_p, is_causal) -> Fallbac
     if tensor_mask and not guard:
         operands.append(("attn_mask", attn_mask))
     copies = tuple(name for name, t in operands if _scaffold.peer_needs_copy(t))
-    without_flash = flash_may_split_keys(computed, key, dropout_p)
+    # SDPA's flash backend takes no mask tensor, so a call with one never reaches it.
+    without_flash = not tensor_mask and flash_may_split_keys(computed, key, dropout_p)
     return Fallback(hidden, attn_mask, is_causal, copies, guard, without_flash)
 
 
