@@ -10,8 +10,7 @@
 //   dk_m  = J_phi(k_m)^T (R v_m)                              (row role, later chunks)
 //         + sum_{i >= m} (dP_mi * (c1 + 2 c2 s_mi)) q_i       (this chunk: anti-causal blocks)
 // with dP_mi = v_m do_i^T (+ g_i, the denominators' gradient, when given) and s = k q^T unscaled;
-// then the chunk goes into R. After the first
-// chunk R is the initial state's gradient.
+// then the chunk goes into R. After the first chunk R is the initial state's gradient.
 #include "based/backward_common.cuh"
 
 namespace tk::based {
