@@ -11,7 +11,7 @@ import torch
 
 import thunderkittens as tk
 from thunderkittens import _extension, _scaffold
-from thunderkittens._attention import api, calls, decode, plan
+from thunderkittens._attention import api, calls, decode, ops, plan
 from thunderkittens.errors import FallbackError
 
 DECIDE = plan.decide  # uncounted (the ``decides`` fixture counts the cache's calls of it)
@@ -186,7 +186,7 @@ def test_gradient_mode_is_in_the_key(cpu_kernel, decides, changed):
     q, k, v = decode_step()
     q.requires_grad_()
     with_grad = prepared(q, k, v)
-    assert with_grad.decision.family.name == "sm90" and with_grad.op is calls.TRAINING_FORWARD["sm90"]
+    assert with_grad.decision.family.name == "sm90" and with_grad.op is ops.TRAINING_FORWARD["sm90"]
     with (torch.no_grad() if changed == "no_grad" else torch.inference_mode()):
         without = prepared(q, k, v)
         assert_fresh(without, q, k, v)

@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _scaffold
 from . import calls, plan
-from .ops import FORWARD, TRAINING_FORWARD
+from .ops import forward_op
 from .plan import AttentionPlan
 
 
@@ -68,10 +68,7 @@ def run_decided(decision, query: torch.Tensor, key: torch.Tensor, value: torch.T
     head_dim = query.shape[-1]
     softmax_scale = plan.softmax_scale(head_dim, scale)
     operands = (plan.kernel_operand(query), plan.kernel_operand(key), plan.kernel_operand(value))
-    if family.has_backward and plan.needs_grad(query, key, value):
-        out = TRAINING_FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
-    else:
-        out = FORWARD[family.name](*operands, is_causal, softmax_scale, lower_right)[0]
+    out = forward_op(family, query, key, value)(*operands, is_causal, softmax_scale, lower_right)[0]
     if query.dim() == 4:
         return out  # already (B, Hq, Lq, E)
     return out.view(tuple(query.shape[:-1]) + (head_dim,))

@@ -36,7 +36,7 @@ from torch._ops import OpOverload
 
 from .. import _config, _extension, _scaffold
 from . import decode, plan
-from .ops import FORWARD, TRAINING_FORWARD
+from .ops import forward_op
 
 
 class Call(NamedTuple):
@@ -141,7 +141,5 @@ def _call(decision: plan.Decision, query, key, value, scale, keyed: bool) -> Cal
                 and head_dim % _scaffold.ELEMENTS_PER_16_BYTES == 0)
     if not in_place:
         return Call(decision)
-    op = (TRAINING_FORWARD[family.name] if family.has_backward and plan.needs_grad(query, key, value)
-          else FORWARD[family.name])
-    return Call(decision, op, decision.is_causal, plan.softmax_scale(head_dim, scale),
-                decision.lower_right)
+    return Call(decision, forward_op(family, query, key, value), decision.is_causal,
+                plan.softmax_scale(head_dim, scale), decision.lower_right)

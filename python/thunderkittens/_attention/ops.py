@@ -30,13 +30,22 @@ from __future__ import annotations
 import torch
 
 from .. import _scaffold
-from .plan import FAMILIES, AttentionFamily
+from .plan import FAMILIES, AttentionFamily, needs_grad
 
 #: The forward op of each family, by family name (torch.ops lookups are not free).
 FORWARD = {family.name: getattr(torch.ops.tk, family.op_name).default for family in FAMILIES}
 #: The training forward op of each family that has a backward.
 TRAINING_FORWARD = {family.name: getattr(torch.ops.tk, family.training_op_name).default
                     for family in FAMILIES if family.training_op_name}
+
+
+def forward_op(family: AttentionFamily, query, key, value):
+    """The op that runs ``family``'s forward on these operands: its training forward (which keeps
+    what the backward reads) when it has a backward and autograd wants a gradient, else the plain
+    forward."""
+    if family.has_backward and needs_grad(query, key, value):
+        return TRAINING_FORWARD[family.name]
+    return FORWARD[family.name]
 
 
 # ---- fake implementations -----------------------------------------------------------------
