@@ -78,7 +78,7 @@ class Config:
 
 CONFIGS = [Config(8, 2048, 256)]
 QUICK_CONFIGS = [Config(8, 512, 64)]
-ROUNDS = {"generate": 5, "prefill": 20}
+ROUNDS = {"generate": 11, "prefill": 20}
 QUICK_ROUNDS = {"generate": 2, "prefill": 6}
 
 

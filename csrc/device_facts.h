@@ -19,6 +19,9 @@ inline void check_sm90(const c10::Device& device, const char* op, const char* ot
 // Multiprocessors of the current device (persistent grids size themselves by it).
 inline int multiprocessor_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
+// Whether the current device takes programmatic dependent launches (sm_90 and newer).
+inline bool supports_dependent_launch() { return at::cuda::getCurrentDeviceProperties()->major >= 9; }
+
 // Bytes of L2 of the current device.
 inline int64_t l2_cache_bytes() { return at::cuda::getCurrentDeviceProperties()->l2CacheSize; }
 

@@ -673,7 +673,7 @@ cudaError_t Sm90Backward::run(const BackwardParams& p, cudaStream_t stream) {
     constexpr int smem = kt::shared_bytes_for<Sh>();
     static_assert(smem <= 227 * 1024, "backward: shared memory over the sm_90 limit");
     auto kernel = deterministic ? backward_kernel_sm90<T, D, CAUSAL, true> : backward_kernel_sm90<T, D, CAUSAL, false>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     if (p.multiprocessors <= 0 || (counted && p.task_counter == nullptr)) return cudaErrorInvalidValue;
     const unsigned blocks = unsigned(tasks < p.multiprocessors ? tasks : p.multiprocessors);  // persistent
     kernel<<<blocks, (CONSUMERS + 1) * 4 * kt::WARP_THREADS, smem, stream>>>(g);

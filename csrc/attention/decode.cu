@@ -18,7 +18,8 @@
 //  * Splits: the keys of each (batch, kv head) are cut into `splits` equal pieces so that
 //    batch x kv heads x row tiles x splits gives about one block per SM (plan_decode). Each piece writes its
 //    rows' normalised O and natural-log lse in fp32; a second kernel merges them by their lse.
-//    With one piece the block writes out and lse directly.
+//    With one piece the block writes out and lse directly. On sm_90 the merge kernel is a
+//    programmatic dependent launch: its launch overlaps the split kernel's tail.
 //
 // Per-sequence lengths (seqlens) are read on the device: a block past its sequence's end
 // has no keys and writes an empty piece (lse = -inf, no O), a sequence with no keys gets
@@ -42,6 +43,7 @@ constexpr int STAGES = 3;
 constexpr int BLOCKS_PER_SM = 2;  // what the shared memory below allows
 constexpr int MAX_SPLITS = 128;
 constexpr int MIN_TILES_PER_SPLIT = 2;
+constexpr int HALF_FILLED_MIN_TILES = 32;  // plan_decode
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -229,6 +231,7 @@ __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
     int j = 0;
     for (; j < unmasked_tiles; j++) process_tile.template operator()<false>(j);
     for (; j < n_tiles; j++) process_tile.template operator()<true>(j);
+    kt::allow_next_grid();  // the merge kernel's blocks may start (and wait for this grid)
     kt::reduce_across_lanes<kt::base_ops::add>(row_sum);
 
     // Combine the key groups: each warp's O (unnormalised), max and sum into shared memory.
@@ -304,6 +307,7 @@ __global__ void __launch_bounds__(THREADS)
                  float* __restrict__ lse, const int splits, const int head_dim) {
     __shared__ float weight[MAX_SPLITS];
     const int64_t row = blockIdx.x;
+    kt::wait_for_prior_grid();  // the pieces (launched as a dependent of the split kernel)
     if (kt::warp_id() == 0) {
         const int lane = kt::lane_id();
         const float* piece_lse = partial_lse + row * splits;
@@ -341,7 +345,7 @@ template <typename T, int D, int ROW_GROUPS>
 cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, cudaStream_t stream) {
     constexpr int smem = Layout<T, D, ROW_GROUPS>::bytes;
     auto kernel = decode_kernel<T, D, ROW_GROUPS>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int64_t blocks = int64_t(p.batch) * p.heads_kv * plan.splits * plan.m_tiles;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), THREADS, smem, stream>>>(p, plan.m_tiles, plan.splits, plan.tiles_per_split);
@@ -349,9 +353,11 @@ cudaError_t launch(const DecodeParams& p, const DecodePlan& plan, cudaStream_t s
     if (cudaError_t e = cudaGetLastError()) return e;
     if (plan.partial_rows == 0) return cudaSuccess;
     if (plan.partial_rows > 0x7fffffff || plan.splits > MAX_SPLITS) return cudaErrorInvalidConfiguration;
-    merge_kernel<T><<<unsigned(plan.partial_rows), THREADS, 0, stream>>>(
-        p.partial_o, p.partial_lse, static_cast<T*>(p.o), p.lse, plan.splits, D);
-    return cudaGetLastError();
+    // Launched while the split kernel runs where the GPU allows it: its launch and block
+    // scheduling overlap the split kernel's last blocks instead of following them.
+    const kt::dependent_launch_config merge(unsigned(plan.partial_rows), THREADS, 0, stream, p.dependent_launch);
+    return cudaLaunchKernelEx(&merge.config, merge_kernel<T>, static_cast<const float*>(p.partial_o),
+                              static_cast<const float*>(p.partial_lse), static_cast<T*>(p.o), p.lse, plan.splits, D);
 }
 
 }  // namespace
@@ -370,9 +376,14 @@ DecodePlan plan_decode(const DecodeParams& p) {
     // 32k), 2 was level with 1 and 4 and up to 1.3x faster than 8 on caches of 2048 keys (16
     // pieces instead of 4 at d128: 13.8 -> 11.4 us; 8 instead of 2 at d64: 13.0 -> 10.0), and
     // 8-16 pieces ran 10-30% faster than the 28-33 that fill two blocks per SM.
+    // Where batch x kv heads x row tiles already fill half the GPU, a split only doubles the
+    // blocks, and short pieces do not pay for their partial results and the merge: pieces then
+    // need HALF_FILLED_MIN_TILES. On an H100 (b8, GQA 32/8, d128) one piece of 2048 keys took
+    // 28.9 us against 30.6 for two of 1024 keys; at 8192 keys two pieces took 94.6 against 97.6.
     const int64_t units = int64_t(p.batch) * p.heads_kv * plan.m_tiles;
     const int64_t per_sm = std::max<int64_t>(1, p.multiprocessors / units);
-    const int64_t by_length = std::max(1, tiles / MIN_TILES_PER_SPLIT);
+    const int min_tiles = per_sm <= 2 ? HALF_FILLED_MIN_TILES : MIN_TILES_PER_SPLIT;
+    const int64_t by_length = std::max(1, tiles / min_tiles);
     const int splits = int(std::min<int64_t>({per_sm, by_length, MAX_SPLITS}));
     plan.tiles_per_split = kt::ceil_div(tiles, splits);
     plan.splits = kt::ceil_div(tiles, plan.tiles_per_split);

@@ -39,6 +39,7 @@ std::tuple<at::Tensor, at::Tensor> run(DecodeParams& p, const at::Tensor& q, con
     at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
     p.o = out.mutable_data_ptr();
     p.lse = lse.mutable_data_ptr<float>();
+    p.dependent_launch = supports_dependent_launch();
     const DecodePlan plan = plan_decode(p);
     at::Tensor workspace;
     if (plan.splits > 1) {

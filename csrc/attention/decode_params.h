@@ -47,7 +47,9 @@ struct DecodeParams {
     int causal_offset;
     ElementType dtype;
 
-    int multiprocessors;  // of the current device
+    int multiprocessors;    // of the current device
+    bool dependent_launch;  // the current device is sm_90 or newer: the merge kernel is launched
+                            // as a programmatic dependent of the split kernel
 };
 
 // How a decode call is cut into blocks, from shapes only (plan_decode): the op sizes the split

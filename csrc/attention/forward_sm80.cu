@@ -242,7 +242,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
               kt::gl<float>(p.lse, p.batch, p.heads_q, 1, p.len_q)};
     constexpr int smem = SharedTiles<T, D>::bytes;
     auto kernel = forward_kernel<T, D, CAUSAL>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int64_t blocks = int64_t(kt::ceil_div(p.len_q, BLOCK_Q)) * p.batch * p.heads_q;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(

@@ -731,13 +731,13 @@ cudaError_t launch(const ForwardParams& p, const ForwardSm90Plan& plan, cudaStre
         // Paired only where the whole grid runs at once (else one block per SM would need a
         // second round: each GPC with an odd number of SMs leaves one out of its clusters).
         if (paired_tasks(p, q_blocks) && 2 * kt::cluster::clusters_at_once(kernel, 2, threads, smem) >= int(blocks)) {
-            if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+            if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
             const kt::cluster::launch_config launch(int(blocks), 2, threads, smem, stream);
             return cudaLaunchKernelEx(&launch.config, kernel, g);
         }
     }
     auto kernel = forward_kernel_sm90<T, D, CAUSAL, C, 1>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     kernel<<<blocks, threads, smem, stream>>>(g);
     return cudaGetLastError();
 }

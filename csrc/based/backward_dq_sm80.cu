@@ -172,7 +172,7 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
                          p.grad_denominator};
     constexpr int smem = DqShared<T, DV>::bytes;
     auto kernel = dq_kernel<T, DV>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int64_t blocks = int64_t(p.batch) * p.heads;
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), Shape<DV>::threads, smem, stream>>>(g, make_constants(p.scale));

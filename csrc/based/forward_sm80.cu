@@ -302,7 +302,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     const Constants c = make_constants(p);
     constexpr int smem = SharedTiles<T>::bytes;
     auto kernel = forward_kernel<T, NORMALIZE, Z_STATE>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int64_t blocks = int64_t(p.batch) * p.heads * (p.value_dim / BLOCK_COLS);
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), WARPS * kt::WARP_THREADS, smem, stream>>>(g, c);

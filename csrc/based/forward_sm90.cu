@@ -402,7 +402,7 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     // Two blocks an SM: 228 KiB, less 1 KiB reserved per block and the static NormaliserState.
     static_assert(2 * (smem + 1024 + int(sizeof(NormaliserState))) <= 228 * 1024, "forward_sm90: two blocks must fit an SM");
     auto kernel = forward_kernel_sm90<T, NORMALIZE, Z_STATE>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int64_t blocks = int64_t(p.batch) * p.heads * (p.value_dim / BLOCK_COLS);
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, c);

@@ -223,7 +223,7 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
 template <typename T, typename Kernel>
 cudaError_t launch(Kernel kernel, int threads, int smem, Args<T> a, int multiprocessors, bool whole_heads,
                    cudaStream_t stream) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     int blocks_per_sm = 0;
     if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
     const int64_t tasks = int64_t(a.heads) * a.parts * a.pairs;

@@ -466,7 +466,7 @@ cudaError_t launch(const MatmulParams& q, const TilePlan& plan, cudaStream_t str
     if (sms <= 0) return cudaErrorInvalidDevice;
     constexpr int smem = kt::pipeline::shared_bytes<L>();
     auto kernel = kt::pipeline::kernel<L>;
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
     const int blocks = int(tasks < sms ? tasks : sms);
     if (plan.splits == 1) {
         kernel<<<blocks, kt::pipeline::threads<L>(), smem, stream>>>(g);

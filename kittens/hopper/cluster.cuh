@@ -100,7 +100,7 @@ int clusters_at_once(Kernel kernel, int size, int threads, int shared_bytes) {
     const auto [at, added] = known.try_emplace({device, reinterpret_cast<const void*>(kernel), size}, 0);
     if (added) {
         const launch_config launch(size, size, threads, shared_bytes);
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess ||
+        if (allow_dynamic_shared_memory(kernel, shared_bytes) != cudaSuccess ||
             cudaOccupancyMaxActiveClusters(&at->second, kernel, &launch.config) != cudaSuccess) {
             at->second = 0;
             (void)cudaGetLastError();
