@@ -28,6 +28,24 @@ inline Constants make_constants(const ForwardParams& p) {
 
 using acc_tile = kittens::rt_fl<16, 16>;
 
+// A forward kernel file's entry: checks what the op layer checks (a direct caller gets an error
+// instead of a wrong launch; block_cols is the kernel's value columns per block), then runs
+// launch.template operator()<T, NORMALIZE, Z_STATE>() for the call's element type and flags
+// (normalize and a final state both need the z state).
+template <typename Launch>
+cudaError_t dispatch_forward(const ForwardParams& p, int block_cols, Launch&& launch) {
+    if (p.len < 1 || p.batch < 1 || p.heads < 1 || p.value_dim < block_cols || p.value_dim % block_cols != 0 ||
+        !(p.scale > 0.f))
+        return cudaErrorInvalidValue;
+    auto with_flags = [&]<typename T>() {
+        if (p.normalize) return launch.template operator()<T, true, true>();
+        if (p.final_state != nullptr) return launch.template operator()<T, false, true>();
+        return launch.template operator()<T, false, false>();
+    };
+    return p.dtype == ElementType::bf16 ? with_flags.template operator()<kittens::bf16>()
+                                        : with_flags.template operator()<kittens::half>();
+}
+
 // The normaliser state z and this chunk's denominators. Fragment-ordered: element [k][l] is
 // register k (or column half k) of lane l, so every access of a warp is one contiguous 256 bytes.
 struct NormaliserState {

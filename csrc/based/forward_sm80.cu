@@ -309,22 +309,12 @@ cudaError_t launch(const ForwardParams& p, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_with_flags(const ForwardParams& p, cudaStream_t stream) {
-    if (p.normalize) return launch<T, true, true>(p, stream);
-    if (p.final_state != nullptr) return launch<T, false, true>(p, stream);
-    return launch<T, false, false>(p, stream);
-}
-
 }  // namespace
 
 cudaError_t forward_sm80(const ForwardParams& p, cudaStream_t stream) {
-    // The op layer checks these; a direct caller gets an error instead of a wrong launch.
-    if (p.len < 1 || p.batch < 1 || p.heads < 1 || p.value_dim < BLOCK_COLS || p.value_dim % BLOCK_COLS != 0 ||
-        !(p.scale > 0.f))
-        return cudaErrorInvalidValue;
-    return p.dtype == ElementType::bf16 ? launch_with_flags<kt::bf16>(p, stream)
-                                        : launch_with_flags<kt::half>(p, stream);
+    return dispatch_forward(p, BLOCK_COLS, [&]<typename T, bool NORMALIZE, bool Z_STATE>() {
+        return launch<T, NORMALIZE, Z_STATE>(p, stream);
+    });
 }
 
 }  // namespace tk::based
