@@ -14,7 +14,7 @@
 #                     and `test-differential` are its two halves, for when build and the whole
 #                     suite do not fit one 10-minute call.
 #   TK_SANITIZERS     compute-sanitizer tools (default memcheck,racecheck; synccheck also works)
-#   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward matmul based fftconv differential")
+#   TK_SANITIZE_SCRIPTS  which tools/sanitize_<op>.py to run (default "attention attention_backward decode matmul based fftconv differential")
 #   TK_BENCH_ARGS     extra arguments for python -m benchmarks (e.g. --quick)
 #   TK_PYTEST_ARGS    extra arguments for pytest (default where pytest-xdist is installed: "-n 8"
 #                     on GPUs of more than 100 GB, "-n 4" below: the GPU tests are independent;
@@ -232,7 +232,7 @@ if want sanitize; then
             # accesses past the end of an output as out of bounds.
             sanitize="PYTORCH_NO_CUDA_MEMORY_CACHING=1 '$SANITIZER' --tool $tool --error-exitcode 99"
             commands=()
-            for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward matmul based fftconv differential}; do
+            for s in ${TK_SANITIZE_SCRIPTS:-attention attention_backward decode matmul based fftconv differential}; do
                 if [[ $tool == racecheck && $s == differential ]]; then
                     commands+=("$sanitize $filter '$PY' tools/sanitize_differential.py --group attention"
                                "$sanitize '$PY' tools/sanitize_differential.py --group others")
