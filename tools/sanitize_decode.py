@@ -57,7 +57,7 @@ def forward_calls() -> tuple[int, int]:
     for (b, hq, hkv, lq, lk, d), dtype, causal in itertools.product(SHAPES, DTYPES, (False, True)):
         q, k, v = (torch.randn(b, h, n, d).to(dtype) for h, n in ((hq, lq), (hkv, lk), (hkv, lk)))
         scale = d ** -0.5
-        out, _lse = torch.ops.tk.attention_fwd_decode(q.cuda(), k.cuda(), v.cuda(), causal, scale, True)
+        out, _lse = torch.ops.tk.attention_fwd_decode(q.cuda(), k.cuda(), v.cuda(), causal, scale, causal)
         offset = [lk - lq] * b if causal else None
         err = mismatch(out, reference(q, k, v, scale, [lk] * b, offset))
         runs += 1
