@@ -81,25 +81,24 @@ def normaliser_gradients(q: torch.Tensor, k: torch.Tensor, scale: float, delta: 
     kc = torch.nn.functional.pad(k, (0, 0, 0, pad)).view(batch, heads, chunks, CHUNK, features)
     dc = torch.nn.functional.pad(delta, (0, pad)).view(batch, heads, chunks, CHUNK, 1)
     c1, c2 = scale, scale * scale / 2
-    dq, dk = torch.zeros_like(qc), torch.zeros_like(kc)
-    if within_chunks:  # delta_i p'(s_ij) for j <= i
-        s = qc @ kc.transpose(-1, -2)
-        causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-        w = torch.where(causal, dc * (c1 + 2 * c2 * s), torch.zeros((), dtype=s.dtype, device=s.device))
-        dq, dk = w @ kc, w.transpose(-1, -2) @ qc
     # Across chunks: q_i meets the sums of k and k k^T of earlier chunks, k_j the sums of
     # delta q and delta q q^T of later ones.
     k_sum = kc.sum(-2)
     k_outer = kc.transpose(-1, -2) @ kc
     k_before = (k_sum.cumsum(2) - k_sum).unsqueeze(-2)
     outer_before = k_outer.cumsum(2) - k_outer
-    dq = dq + dc * (c1 * k_before + 2 * c2 * (qc @ outer_before))
+    dq = dc * (c1 * k_before + 2 * c2 * (qc @ outer_before))
     weighted = dc * qc
     q_sum = weighted.sum(-2)
     q_outer = weighted.transpose(-1, -2) @ qc
     q_after = (q_sum.flip(2).cumsum(2).flip(2) - q_sum).unsqueeze(-2)
     outer_after = q_outer.flip(2).cumsum(2).flip(2) - q_outer
-    dk = dk + c1 * q_after + 2 * c2 * (kc @ outer_after)
+    dk = c1 * q_after + 2 * c2 * (kc @ outer_after)
+    if within_chunks:  # inside a chunk: delta_i p'(s_ij) for j <= i
+        s = qc @ kc.transpose(-1, -2)
+        causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+        w = torch.where(causal, dc * (c1 + 2 * c2 * s), torch.zeros((), dtype=s.dtype, device=s.device))
+        dq, dk = dq + w @ kc, dk + w.transpose(-1, -2) @ qc
     dq = dq.reshape(batch, heads, chunks * CHUNK, features)[..., :length, :]
     dk = dk.reshape(batch, heads, chunks * CHUNK, features)[..., :length, :]
     dz0 = None
