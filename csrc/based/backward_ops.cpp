@@ -41,17 +41,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     const std::vector<int64_t> state_shape{batch, heads, STATE_ROWS, value_dim + 1};
     const at::Tensor initial = state_input(initial_state, "initial_state", q, state_shape, kOp);
     const at::Tensor grad_final = state_input(grad_final_state, "grad_final_state", q, state_shape, kOp);
-    at::Tensor denominator_grad;
-    if (grad_denominator.has_value() && grad_denominator->defined()) {
-        const at::Tensor& g = *grad_denominator;
-        TORCH_CHECK(g.is_cuda() && g.device() == q.device(), kOp, "grad_denominator must be on q's device ",
-                    q.device(), ", got ", g.device());
-        TORCH_CHECK(g.scalar_type() == at::kFloat, kOp, "grad_denominator must be float32, got ", g.scalar_type());
-        TORCH_CHECK(g.sizes() == at::IntArrayRef({batch, heads, len}), kOp,
-                    "grad_denominator must have shape (batch, heads, length) = ", at::IntArrayRef({batch, heads, len}),
-                    ", got ", g.sizes());
-        denominator_grad = g.contiguous();
-    }
+    const at::Tensor denominator_grad = optional_float_input(grad_denominator, "grad_denominator", q,
+                                                             {batch, heads, len}, "(batch, heads, length)", kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
     int optin = 0;

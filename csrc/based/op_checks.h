@@ -42,17 +42,24 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     TORCH_CHECK(std::isfinite(scale) && scale > 0, op, "scale must be finite and positive, got ", scale);
 }
 
-// An optional fp32 state-shaped input on q's device, contiguous (a copy only for an unusual
-// layout: it is small); undefined when absent.
-inline at::Tensor state_input(const std::optional<at::Tensor>& s, const char* name, const at::Tensor& q,
-                              const std::vector<int64_t>& shape, const char* op) {
+// An optional fp32 input of a fixed shape on q's device (a state, or the denominators'
+// gradient), contiguous (a copy only for an unusual layout: these are small); undefined when
+// absent. `dims` names the shape's dims in the message.
+inline at::Tensor optional_float_input(const std::optional<at::Tensor>& s, const char* name, const at::Tensor& q,
+                                       const std::vector<int64_t>& shape, const char* dims, const char* op) {
     if (!s.has_value() || !s->defined()) return at::Tensor();
     TORCH_CHECK(s->is_cuda() && s->device() == q.device(), op, name, " must be on q's device ", q.device(),
                 ", got ", s->device());
     TORCH_CHECK(s->scalar_type() == at::kFloat, op, name, " must be float32, got ", s->scalar_type());
-    TORCH_CHECK(s->sizes() == at::IntArrayRef(shape), op, name, " must have shape ", at::IntArrayRef(shape),
-                " (batch, heads, 273, value_dim + 1), got ", s->sizes());
+    TORCH_CHECK(s->sizes() == at::IntArrayRef(shape), op, name, " must have shape ", at::IntArrayRef(shape), " ",
+                dims, ", got ", s->sizes());
     return s->contiguous();
+}
+
+// An optional state (initial_state, grad_final_state): fp32 (batch, heads, 273, value_dim + 1).
+inline at::Tensor state_input(const std::optional<at::Tensor>& s, const char* name, const at::Tensor& q,
+                              const std::vector<int64_t>& shape, const char* op) {
+    return optional_float_input(s, name, q, shape, "(batch, heads, 273, value_dim + 1)", op);
 }
 
 }  // namespace tk::based
