@@ -75,7 +75,7 @@ TORCH_LIBRARY(tk, m) {
     m.def("based_fwd_sm80(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
     // The same contract, computed by the Hopper (sm_90a: TMA + wgmma) kernel. Its gradients are
-    // based_bwd_sm80's (the backward reads only the inputs and o).
+    // based_bwd_sm90's.
     m.def("based_fwd_sm90(Tensor q, Tensor k, Tensor v, float scale, bool normalize, float eps, "
           "Tensor? initial_state, bool output_final_state) -> (Tensor o, Tensor final_state)");
     // Gradients of based_fwd_sm80 without normalize (csrc/based/backward_params.h), mma.sync
@@ -89,6 +89,11 @@ TORCH_LIBRARY(tk, m) {
     // grad_out_i^T plus grad_final_state's value columns, whose quadratic block enters through its
     // symmetric part) and a zero last column; else an empty tensor.
     m.def("based_bwd_sm80(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
+          "Tensor? grad_final_state, bool grad_initial_state, Tensor? grad_denominator) "
+          "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");
+    // The same contract on Hopper (sm_90 only): dk, dv and the initial state's gradient by a TMA +
+    // wgmma kernel (value dim 64; 128 by the mma.sync one), dq by the mma.sync kernel.
+    m.def("based_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
           "Tensor? grad_final_state, bool grad_initial_state, Tensor? grad_denominator) "
           "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");
     // Based decoding step (CUDA cores, sm_80 and newer; csrc/based/step.h): T tokens q, k
@@ -200,6 +205,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_not_bu
     const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&) {
     family_not_built("based_bwd_sm80", "based");
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm90_not_built(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, const std::optional<at::Tensor>&) {
+    family_not_built("based_bwd_sm90", "based");
+}
 std::tuple<at::Tensor, at::Tensor> based_step_sm80_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                               const at::Tensor&, double, bool, double) {
     family_not_built("based_step_sm80", "based");
@@ -233,6 +243,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_fwd_sm80", &based_fwd_sm80_not_built);
     m.impl("based_fwd_sm90", &based_fwd_sm90_not_built);
     m.impl("based_bwd_sm80", &based_bwd_sm80_not_built);
+    m.impl("based_bwd_sm90", &based_bwd_sm90_not_built);
     m.impl("based_step_sm80", &based_step_sm80_not_built);
     m.impl("based_step_inplace_sm80", &based_step_inplace_sm80_not_built);
 }

@@ -1,5 +1,6 @@
-"""tk::based_bwd_sm80 (the mma.sync Based backward) on a GPU, called as the op and through
-tk.based's autograd, against float64 autograd of the quadratic form: both dtypes, value dims 64
+"""tk::based_bwd_sm80 (the mma.sync Based backward) and tk::based_bwd_sm90 (dk and dv on the
+Hopper kernel) on a GPU, each module pass with one of them, called as the op and through
+tk.based's autograd (its family forced), against float64 autograd of the quadratic form: both dtypes, value dims 64
 and 128, lengths around the 64-row chunk (1, 17, 63, 64, 65, 1000, 4097), with and without an
 initial state and a final state's gradient, normalize on and off (through tk.based; short sequences, where q's gradient cancels, under the
 differential suite's rule), the block-local denominators' gradient (grad_denominator), strided
@@ -50,10 +51,15 @@ STATE_SLACK = 1e-6
 DENOMINATOR_BLOCK = 64  # csrc/based/backward_params.h
 
 
+# The backward op under test and the forward family whose autograd formula it is.
+BACKWARD_OPS = {"based_bwd_sm80": "sm80", "based_bwd_sm90": "sm90"}
+UNDER_TEST = {"op": "based_bwd_sm80"}
+
+
 def op(grad_out, q, k, v, scale=SCALE, initial_state=None, grad_final_state=None, grad_initial_state=False,
        grad_denominator=None):
-    return torch.ops.tk.based_bwd_sm80(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
-                                       grad_denominator)
+    return getattr(torch.ops.tk, UNDER_TEST["op"])(grad_out, q, k, v, scale, initial_state, grad_final_state,
+                                                   grad_initial_state, grad_denominator)
 
 
 def block_denominators(q, k, scale=SCALE):
@@ -65,14 +71,22 @@ def block_denominators(q, k, scale=SCALE):
     return torch.where(keep, 1 + s + s * s / 2, torch.zeros((), dtype=s.dtype, device=s.device)).sum(-1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_must_run_here():
+@pytest.fixture(scope="module", autouse=True, params=list(BACKWARD_OPS))
+def kernel_must_run_here(request):
+    """Every test of the module once per backward op, with tk.based's family forced to the op's."""
+    name = request.param
+    if name == "based_bwd_sm90" and torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("tk::based_bwd_sm90 needs an sm_90 (Hopper) GPU")
+    UNDER_TEST["op"] = name
+
     def probe():
         q = torch.zeros(1, 1, 1, FEATURES, device="cuda", dtype=torch.bfloat16)
         v = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
         op(v, q, q, v)
 
-    require_kernel_op("based", "based_bwd_sm80", probe)
+    require_kernel_op("based", name, probe)
+    with tk.use_kernel(BACKWARD_OPS[name], "based"):
+        yield
 
 
 def make_inputs(batch, heads, length, value_dim, dtype):
@@ -239,7 +253,7 @@ def test_tk_based_gradients(dtype, value_dim, normalize):
     leaves = [t.clone().requires_grad_() for t in (q, k, v, s0)]
     kwargs = {"normalize": normalize, "initial_state": leaves[3], "output_final_state": True}
     plan = tk.explain_based(*leaves[:3], **kwargs)
-    assert plan.uses_kernel and plan.backward is not None and plan.backward.startswith("tk.based_bwd_sm80"), str(plan)
+    assert plan.uses_kernel and plan.backward is not None and plan.backward.startswith(f"tk.{UNDER_TEST['op']}"), str(plan)
     with tk.strict():
         out, state = tk.based(*leaves[:3], **kwargs)
     grad_state = torch.randn_like(state) / 100
@@ -341,11 +355,12 @@ def test_opcheck(value_dim):
     grad_final = symmetric_final_gradient(2, 3, value_dim)
     grad_denominator = torch.randn(2, 3, 100, device="cuda")
     for denominator in (None, grad_denominator):
-        torch.library.opcheck(torch.ops.tk.based_bwd_sm80.default,
+        torch.library.opcheck(getattr(torch.ops.tk, UNDER_TEST["op"]).default,
                               (grad_out, q, k, v, SCALE, s0, grad_final, True, denominator),
                               test_utils=("test_schema", "test_faketensor"))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    torch.library.opcheck(torch.ops.tk.based_fwd_sm80.default,
+    forward = getattr(torch.ops.tk, "based_fwd_" + BACKWARD_OPS[UNDER_TEST["op"]]).default
+    torch.library.opcheck(forward,
                           (*leaves, SCALE, True, 1e-6, s0.clone().requires_grad_(), True),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))

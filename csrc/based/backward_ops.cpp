@@ -1,10 +1,11 @@
-// CUDA implementation of tk::based_bwd_sm80: re-check the inputs (cheaply: shapes, dtypes,
+// CUDA implementations of tk::based_bwd_sm80 and tk::based_bwd_sm90 (one contract, two kernel
+// sets): re-check the inputs (cheaply: shapes, dtypes,
 // devices, strides, alignment, shared memory; never data), allocate the gradients, describe the
 // call in a plain BackwardParams struct and launch the kernels on the current stream of q's
 // device.
 //
 // The Python layer (thunderkittens._based.autograd) makes inputs conform; these checks are for
-// direct callers of torch.ops.tk.based_bwd_sm80, and they name the offending argument.
+// direct callers of torch.ops.tk.based_bwd_sm80/_sm90, and they name the offending argument.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,16 +20,28 @@
 
 #include "based/backward_params.h"
 #include "based/op_checks.h"
+#include "device_facts.h"
 
 namespace tk::based {
 namespace {
 
-constexpr const char* kOp = "tk::based_bwd_sm80: ";
+constexpr const char* kSm80Op = "tk::based_bwd_sm80: ";
+constexpr const char* kSm90Op = "tk::based_bwd_sm90: ";
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-    const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& grad_final_state,
-    bool grad_initial_state, const std::optional<at::Tensor>& grad_denominator) {
+// A kernel set: its launch, its shared memory per block by value dim, and whether it needs sm_90.
+struct BackwardKernels {
+    cudaError_t (*run)(const BackwardParams&, cudaStream_t);
+    int (*shared_bytes)(int value_dim);
+    bool needs_sm90;
+};
+
+using Gradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Gradients backward_call(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        double scale, const std::optional<at::Tensor>& initial_state,
+                        const std::optional<at::Tensor>& grad_final_state, bool grad_initial_state,
+                        const std::optional<at::Tensor>& grad_denominator, const BackwardKernels& kernels,
+                        const char* kOp) {
     check_qkv(q, k, v, scale, kOp);
     check_operand(grad_out, "grad_out", q, kOp);
     const ElementType dtype = element_type(q, kOp);
@@ -45,9 +58,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
                                                              {batch, heads, len}, "(batch, heads, length)", kOp);
 
     const c10::cuda::CUDAGuard device_guard(q.device());
+    if (kernels.needs_sm90) check_sm90(q.device(), kOp, "tk.based picks the sm80 kernels there");
     int optin = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, q.device().index()));
-    const int needed = backward_sm80_shared_bytes(static_cast<int>(value_dim));
+    const int needed = kernels.shared_bytes(static_cast<int>(value_dim));
     TORCH_CHECK(needed <= optin, kOp, "value_dim ", value_dim, " needs ", needed,
                 " bytes of shared memory per block; this GPU allows ", optin);
 
@@ -87,8 +101,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
     p.dtype = dtype;
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
-    check_launch(backward_sm80(p, stream), kOp);
+    check_launch(kernels.run(p, stream), kOp);
     return {dq, dk, dv, d_initial};
+}
+
+Gradients based_bwd_sm80_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              double scale, const std::optional<at::Tensor>& initial_state,
+                              const std::optional<at::Tensor>& grad_final_state, bool grad_initial_state,
+                              const std::optional<at::Tensor>& grad_denominator) {
+    return backward_call(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
+                         grad_denominator, {backward_sm80, backward_sm80_shared_bytes, false}, kSm80Op);
+}
+
+Gradients based_bwd_sm90_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              double scale, const std::optional<at::Tensor>& initial_state,
+                              const std::optional<at::Tensor>& grad_final_state, bool grad_initial_state,
+                              const std::optional<at::Tensor>& grad_denominator) {
+    return backward_call(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
+                         grad_denominator, {backward_sm90, backward_sm90_shared_bytes, true}, kSm90Op);
 }
 
 }  // namespace
@@ -96,4 +126,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> based_bwd_sm80_cuda(
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("based_bwd_sm80", &tk::based::based_bwd_sm80_cuda);
+    m.impl("based_bwd_sm90", &tk::based::based_bwd_sm90_cuda);
 }

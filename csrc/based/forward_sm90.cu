@@ -15,17 +15,12 @@
 //   A^T      += V^T F_k^T                                         (wgmma SS)
 // with P = mask_causal(1 + c1 S + c2 S^2), S = Q K^T (wgmma SS, 64 x 64), in shared memory.
 //
-// The 160 feature rows of a 16-dim x (the pair tiles of pair_features.cuh: each product x_a x_b,
-// a <= b, once):
-//   rows 16 d + b, d = 0..7      x_{(b + d) mod 16} x_b               (state scale c2 weight_d)
-//   rows 128 + b, b = 0..7       x_{b + 8} x_b (the half pair tile)   (c2 * 2)
-//   row 136                      1 for keys, 0 for queries: A^T's column 136 is a0 = sum of v,
-//                                kept in fp32 and added to O^T as it is (as the sm80 kernel does)
-//   rows 137..143                0
-//   rows 144 + a                 x_a                                  (c1)
-// so that phi(q) . phi(k) = 1 + sum_f scale_f F_q[f] F_k[f]. The products x_a x_b are rounded to
-// 16 bits once, the state is rounded to 16 bits (times its scale) only where it multiplies the
-// queries, and the polynomial scores once: the sm80 kernel's rounding points.
+// The 160 feature rows (state_sm90.cuh) take each product x_a x_b (a <= b) once; the constant
+// row is 1 for keys and 0 for queries, so A^T's column 136 is a0 = sum of v, kept in fp32 and
+// added to O^T as it is (as the sm80 kernel does), and phi(q) . phi(k) = 1 + sum_f scale_f
+// F_q[f] F_k[f]. The products x_a x_b are rounded to 16 bits once, the state is rounded to 16
+// bits (times its scale) only where it multiplies the queries, and the polynomial scores once:
+// the sm80 kernel's rounding points.
 //
 // The consumer builds the features itself, into one buffer per chunk, and the block holds ~85 KiB
 // of shared memory and ~170 registers a thread, so two blocks share an SM: one's feature building
@@ -41,26 +36,21 @@
 #include "kittens/hopper/tma_cache.cuh"
 #include "based/forward_common.cuh"
 #include "based/pair_features.cuh"
+#include "based/state_sm90.cuh"
 #include "based/params.h"
 
 namespace tk::based {
 namespace {
 
 namespace kt = kittens;
+using namespace sm90;  // the feature rows and the state (state_sm90.cuh)
 
 constexpr int BLOCK_COLS = 64;       // value columns per block: the consumer warpgroup's 64 rows
-constexpr int FEATURES = 160;        // feature rows (see the top)
-constexpr int PAIR_FEATURES = 128;   // the full pair tiles, d = 0..7
-constexpr int HALF_PAIR = 128;       // first row of the half pair tile
-constexpr int CONSTANT = 136;        // the constant feature (keys only)
-constexpr int LINEAR = 144;          // first linear feature
 constexpr int STAGES = 2;            // q, k, v chunks in flight (a third does not fit two blocks an SM)
 constexpr int CONSUMER_THREADS = 4 * kt::WARP_THREADS;
 constexpr int THREADS = CONSUMER_THREADS + kt::WARP_THREADS;  // and the producer warp
 constexpr int PRODUCER_WARP = 4;
 constexpr int CONSUMER_BARRIER = 1;  // named barrier of the consumer warpgroup
-// Each consumer warp builds one half of one tensor's feature rows.
-constexpr int FEATURES_PER_WARP = FEATURES / 2;
 
 template <typename T>
 struct Shared {
@@ -85,146 +75,6 @@ struct Globals {
     kt::gl<T> o;
     int heads, len, value_dim;
 };
-
-// The state transposed (rows: this warp's 16 value columns; columns: features), fp32.
-struct State {
-    kt::rt_fl<16, PAIR_FEATURES> pairs;        // features 0..127
-    kt::rt_fl<16, FEATURES - PAIR_FEATURES> rest;  // 128..159: half pair tile, constant, linear
-};
-
-__device__ __forceinline__ uint4 load_shared_16(uint32_t address) {
-    uint4 x;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(address));
-    return x;
-}
-__device__ __forceinline__ void store_shared_4(uint32_t address, uint32_t x) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(x) : "memory");
-}
-template <typename T>
-__device__ __forceinline__ uint32_t multiply_pairs(uint32_t a, uint32_t b) {
-    const kt::packed<T> p = __hmul2(*reinterpret_cast<const kt::packed<T>*>(&a), *reinterpret_cast<const kt::packed<T>*>(&b));
-    return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-// Feature rows [80 HALF, 80 HALF + 80) of one chunk (KEYS: of k, with the constant feature) from
-// x (chunk rows x 16), for chunk rows 2 lane and 2 lane + 1 of this warp: one 4-byte store per
-// feature row, and a warp's 32 stores of a row are its 128 contiguous bytes (no bank conflict).
-template <typename T, int HALF, bool KEYS, typename FT, typename XT>
-__device__ __forceinline__ void build_features(FT& dst, const XT& x) {
-    const int lane = kt::lane_id();
-    // pair[a] = (x[2 lane][a], x[2 lane + 1][a]), the two rows' feature a as one 16-bit pair.
-    uint32_t pair[FEATURE_DIM];
-    {
-        uint32_t rows[2][FEATURE_DIM / 2];  // each row's features as pairs (a, a + 1)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const uint4 v = load_shared_16(x.address(2 * lane + r, 8 * half));
-                rows[r][4 * half + 0] = v.x, rows[r][4 * half + 1] = v.y;
-                rows[r][4 * half + 2] = v.z, rows[r][4 * half + 3] = v.w;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < FEATURE_DIM / 2; i++) {
-            pair[2 * i] = __byte_perm(rows[0][i], rows[1][i], 0x5410);      // low halves
-            pair[2 * i + 1] = __byte_perm(rows[0][i], rows[1][i], 0x7632);  // high halves
-        }
-    }
-    const kt::packed<T> ones = kt::convert_pair<T, float>(make_float2(1.f, 1.f));
-    const uint32_t one_pair = *reinterpret_cast<const uint32_t*>(&ones);
-    kt::static_for<FEATURES_PER_WARP>([&](auto i) {
-        constexpr int f = HALF * FEATURES_PER_WARP + decltype(i)::value;
-        uint32_t value;
-        if constexpr (f < PAIR_FEATURES) value = multiply_pairs<T>(pair[pair_partner(f % 16, f / 16)], pair[f % 16]);
-        else if constexpr (f < CONSTANT) value = multiply_pairs<T>(pair[f - HALF_PAIR + 8], pair[f - HALF_PAIR]);
-        else if constexpr (f == CONSTANT) value = KEYS ? one_pair : 0u;
-        else if constexpr (f < LINEAR) value = 0u;
-        else value = pair[f - LINEAR];
-        store_shared_4(dst.address(f, 2 * lane), value);
-    });
-}
-
-// The state as the A operand of O^T += A^T F_q: each feature column times its scale (c2 weight
-// for the pair features, c1 for the linear ones), in 16 bits; 0 for the constant (added in fp32)
-// and the padding. It goes through shared memory: in registers, beside the state and O^T, it
-// left ptxas too few for the products in flight (spills, and wgmma serialised: C7512). Base tile j holds features 16 j .. 16 j + 15, in the accumulator's layout
-// (which is the A operand's): registers 0, 1 columns 0..7, registers 2, 3 columns 8..15.
-template <typename T>
-__device__ __forceinline__ void state_operand(kt::rt<T, 16, FEATURES>& a, const State& s, const Constants& c) {
-    auto scaled = [](float2 x, float factor) { return kt::convert_pair<T, float>(make_float2(x.x * factor, x.y * factor)); };
-#pragma unroll
-    for (int d = 0; d < PAIR_FEATURES / 16; d++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) a.tiles[0][d].data[k] = scaled(s.pairs.tiles[0][d].data[k], c.c2 * pair_weight(d));
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        a.tiles[0][HALF_PAIR / 16].data[k] =
-            scaled(s.rest.tiles[0][0].data[k], k < pair_registers(HALF_TILE) ? c.c2 * pair_weight(HALF_TILE) : 0.f);
-        a.tiles[0][LINEAR / 16].data[k] = scaled(s.rest.tiles[0][1].data[k], c.c1);
-    }
-}
-
-// a0 (the sum of v so far) of this lane's two value rows, lane / 4 and lane / 4 + 8 of the warp's
-// 16: column 136 (column 8 of rest's first base tile), which lanes 4 i hold, in registers 2 (row
-// lane / 4) and 3 (row lane / 4 + 8).
-__device__ __forceinline__ float2 constant_rows(const State& s) {
-    const int holder = kt::lane_id() & ~3;
-    return make_float2(__shfl_sync(kt::FULL_MASK, s.rest.tiles[0][0].data[2].x, holder),
-                       __shfl_sync(kt::FULL_MASK, s.rest.tiles[0][0].data[3].x, holder));
-}
-
-// The state's feature f (a column of State) as rows of the (B, H, 273, Dv + 1) state, and the
-// factor between them: calls f(row, other_row, factor) with other_row the symmetric partner of a
-// quadratic row (or -1), and factor the state's scale (the internal columns are unscaled).
-template <typename F>
-__device__ __forceinline__ void feature_rows(int feature, const Constants& c, F&& f) {
-    if (feature < CONSTANT) {  // a pair feature: x_a x_b at 17 + 16 a + b (and 17 + 16 b + a)
-        const int d = feature < PAIR_FEATURES ? feature / 16 : HALF_TILE, b = feature % 16;
-        const int a = pair_partner(b, d);
-        f(17 + 16 * a + b, d == 0 ? -1 : 17 + 16 * b + a, c.kappa);
-    } else if (feature == CONSTANT) {
-        f(0, -1, 1.f);
-    } else if (feature >= LINEAR) {
-        f(1 + feature - LINEAR, -1, c.sqrt_scale);
-    }
-}
-
-template <typename RT, typename F>
-__device__ __forceinline__ void for_each_state_element(RT& tile, int first_feature, F&& f) {
-    kt::for_each_element(tile, [&](int, int j, int k, int h, auto& e) {
-        f(RT::row_in_base(k, h), first_feature + 16 * j + RT::col_in_base(k, h), e);
-    });
-}
-
-// The state of value columns [value_col, value_col + 16) (this warp's rows) from an initial
-// state, over the internal scale (the quadratic block through its symmetric part); the padding
-// columns 137..143 zero.
-__device__ __forceinline__ void read_state(State& s, const StateRows& in, int value_col, const Constants& c) {
-    auto read = [&](int row, int feature, float& e) {
-        e = 0.f;
-        feature_rows(feature, c, [&](int r, int other, float factor) {
-            const float x = other < 0 ? in(r, value_col + row) : 0.5f * (in(r, value_col + row) + in(other, value_col + row));
-            e = x / factor;
-        });
-    };
-    for_each_state_element(s.pairs, 0, read);
-    for_each_state_element(s.rest, PAIR_FEATURES, read);
-}
-
-// The final state of this warp's value columns: every row of the quadratic block written
-// (both halves of the symmetric block from one pair feature).
-__device__ __forceinline__ void write_state(const State& s, const StateRows& out, int value_col, const Constants& c) {
-    auto write = [&](int row, int feature, const float& e) {
-        feature_rows(feature, c, [&](int r, int other, float factor) {
-            out(r, value_col + row) = e * factor;
-            if (other >= 0) out(other, value_col + row) = e * factor;
-        });
-    };
-    for_each_state_element(s.pairs, 0, write);
-    for_each_state_element(s.rest, PAIR_FEATURES, write);
-}
 
 template <typename T, bool NORMALIZE, bool Z_STATE>
 __global__ void __launch_bounds__(THREADS, 2)

@@ -51,9 +51,9 @@ class StandIns:
 
     def based_backward(self, grad_out, q, k, v, scale, initial_state, grad_final_state,
                        grad_initial_state, grad_denominator):
-        """tk::based_bwd_sm80's contract: based_backward_contract."""
+        """tk::based_bwd_sm80's and tk::based_bwd_sm90's contract: based_backward_contract."""
         assert grad_out.dtype == q.dtype and grad_out.shape == v.shape
-        self.backward_calls.append(("based_bwd_sm80", grad_out, q, k, v))
+        self.backward_calls.append(("based_bwd", grad_out, q, k, v))
         return based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
                                        grad_initial_state, grad_denominator)
 
@@ -108,7 +108,7 @@ class StandIns:
             # One stand-in for both forward families' ops (one contract; auto picks sm90 on the
             # pretended Hopper).
             return {"based_fwd_sm90": self.based_forward, "based_fwd_sm80": self.based_forward,
-                    "based_bwd_sm80": self.based_backward,
+                    "based_bwd_sm80": self.based_backward, "based_bwd_sm90": self.based_backward,
                     "based_step_sm80": self.based_step,
                     "based_step_inplace_sm80": self.based_step_inplace}
         if family == "fftconv":

@@ -1,8 +1,8 @@
 """The gradients of tk::based_fwd_sm80 and tk::based_fwd_sm90, registered as their autograd formula
 (ops.py registers it).
 
-The backward op ``tk::based_bwd_sm80`` (csrc/based/backward_params.h) computes the gradients of
-the unnormalised forward: dq, dk, dv and the initial state's value columns, from q, k, v, the
+The backward op (``tk::based_bwd_sm80`` or ``tk::based_bwd_sm90``, csrc/based/backward_params.h)
+computes the gradients of the unnormalised forward: dq, dk, dv and the initial state's value columns, from q, k, v, the
 initial state and the gradients of o and of the final state. What it does not see is done here
 with small PyTorch ops:
 
@@ -130,7 +130,7 @@ def _antisymmetric_part(state: torch.Tensor, features: int) -> torch.Tensor:
 
 
 def backward_formula(backward_op):
-    """The autograd formula of a forward op, running ``backward_op`` (tk::based_bwd_sm80)."""
+    """The autograd formula of a forward op, running ``backward_op`` (its family's tk::based_bwd_*)."""
 
     def backward(ctx, grad_out: torch.Tensor | None, grad_final: torch.Tensor | None):
         q, k, v, initial_state, out = ctx.saved_tensors

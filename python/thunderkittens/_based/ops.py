@@ -7,8 +7,9 @@ readable in place (see _scaffold.conforms); initial_state None or a contiguous f
 final_state a new contiguous float32 (B, H, 273, Dv + 1) tensor when output_final_state, else
 an empty one.
 
-The backward op of both families, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
-grad_final_state, grad_initial_state, grad_denominator) -> (dq, dk, dv, d_initial_state)``: the
+The backward op of each family, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
+grad_final_state, grad_initial_state, grad_denominator) -> (dq, dk, dv, d_initial_state)`` (and
+``tk::based_bwd_sm90``, dk and dv on the Hopper kernel, with the same contract): the
 gradients of the unnormalised forward (csrc/based/backward_params.h) for grad_out of v's shape
 (readable in place), initial_state and grad_final_state None or contiguous float32
 (B, H, 273, Dv + 1) tensors, plus with grad_denominator (float32 (B, H, N) or None) the terms of
@@ -17,7 +18,7 @@ dv new contiguous tensors shaped like q, k, v, and d_initial_state (when grad_in
 float32 state-shaped tensor with a zero last column, else an empty one. It is the registered
 autograd formula of the forward op (autograd.py, which adds what the kernels do not compute: the
 normaliser's gradient and the final state's last column): it reads only the forward's inputs and
-o, so it serves either forward.
+o.
 
 The fake (meta) implementations give the outputs' shapes, dtypes and strides without running
 anything, for torch.compile, torch.export, FakeTensorMode and opcheck.
@@ -90,7 +91,7 @@ def _register() -> None:
         backward_op = getattr(torch.ops.tk, family.backward_op_name).default
         torch.library.register_autograd(forward, autograd.backward_formula(backward_op),
                                         setup_context=autograd.setup_context)
-    # The backward ops, once each (the families share one).
+    # The backward ops, once each.
     for name in dict.fromkeys(family.backward_op_name for family in FAMILIES):
         backward = f"tk::{name}"
         torch.library.register_fake(backward, _backward_fake(backward))

@@ -5,9 +5,10 @@ The kernels are built for feature dim 16 and value dims 64 and 128, bf16/fp16. T
 families, in the order ``auto`` prefers them: ``sm90`` (TMA + wgmma, csrc/based/forward_sm90.cu)
 needs exactly sm_90 (Hopper) and a 90a build; ``sm80`` (mma.sync + cp.async) runs on every GPU
 from sm_80 on, Hopper included (``use_kernel("sm80", op="based")`` forces it there). Both have
-one contract and one backward: the sm80 backward kernels, which read only the inputs and o, so
-a call that needs gradients runs whichever forward was picked. A call that needs
-gradients runs the forward kernel with the backward kernels as its autograd formula (with
+one contract; each has its backward op (``based_bwd_sm90``: dk and dv on wgmma for value dim 64,
+dq and value dim 128 on the mma.sync kernels; ``based_bwd_sm80``: all on mma.sync), and either
+backward reads only the inputs and o. A call that needs
+gradients runs the forward kernel with its family's backward kernels as its autograd formula (with
 normalize, the normaliser's share of the gradient by PyTorch ops: autograd.py), where the GPU
 gives the backward kernels the shared memory they need; else the chunked PyTorch reference for
 both passes, whose autograd gives the gradients.
@@ -29,12 +30,12 @@ KERNEL_FEATURE_DIM = 16
 KERNEL_VALUE_DIMS = (64, 128)
 
 SM90 = KernelFamily(op="based", name="sm90", description="sm90 wgmma+tma", op_name="based_fwd_sm90",
-                    min_capability=(9, 0), exact_capability=(9, 0), backward_op_name="based_bwd_sm80")
+                    min_capability=(9, 0), exact_capability=(9, 0), backward_op_name="based_bwd_sm90")
 SM80 = KernelFamily(op="based", name="sm80", description="sm80 mma.sync", op_name="based_fwd_sm80",
                     min_capability=(8, 0), backward_op_name="based_bwd_sm80")
-# Dynamic shared memory per block of the backward kernels (the larger of the dq and the dk/dv
-# kernel; csrc/based/backward_dq_sm80.cu and backward_sm80.cu, which check it too), by value dim.
-BACKWARD_SHARED_BYTES = {64: 94208, 128: 155648}
+# Dynamic shared memory per block of each family's backward kernels (the larger of the dq and the
+# dk/dv kernel; csrc/based/backward_*.cu, whose op checks it too), by value dim.
+BACKWARD_SHARED_BYTES = {"sm90": {64: 114688, 128: 155648}, "sm80": {64: 94208, 128: 155648}}
 FAMILIES: tuple[KernelFamily, ...] = (SM90, SM80)
 BY_NAME = _scaffold.register_families(*FAMILIES)
 
@@ -118,7 +119,7 @@ def decide(q, k, v, initial_state) -> tuple[KernelFamily | None, str | None]:
     name = needs_grad(q, k, v, initial_state)
     if name is not None:
         value_dim = int(v.shape[-1])
-        needed, available = BACKWARD_SHARED_BYTES[value_dim], _shared_memory_optin(q.device.index)
+        needed, available = BACKWARD_SHARED_BYTES[family.name][value_dim], _shared_memory_optin(q.device.index)
         if needed > available:
             return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the backward "
                           f"kernels for value dim {value_dim} need {needed} bytes of shared memory "
