@@ -73,8 +73,8 @@ int backward_sm80_shared_bytes(int value_dim);
 // Returns the launch error, if any.
 cudaError_t backward_sm80(const BackwardParams& params, cudaStream_t stream);
 
-// The same on sm_90 (Hopper): the mma.sync dq kernel, then dk and dv by a TMA + wgmma kernel for
-// value dim 64 (the mma.sync one for 128). backward_sm90_shared_bytes as above.
+// The same on sm_90 (Hopper): TMA + wgmma kernels for value dim 64 (the mma.sync ones for 128).
+// backward_sm90_shared_bytes as above.
 int backward_sm90_shared_bytes(int value_dim);
 cudaError_t backward_sm90(const BackwardParams& params, cudaStream_t stream);
 

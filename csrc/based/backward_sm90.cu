@@ -1,7 +1,8 @@
 // The gradients of k and v (and of the initial state) for the Based backward on Hopper (sm_90a):
 // TMA + wgmma, a producer warp and a consumer warpgroup, as the wgmma forward (forward_sm90.cu)
-// is built; the math is in backward_params.h, the chunked walk in backward_sm80.cu. Also the
-// entry point of the sm90 backward: the mma.sync dq kernel (backward_dq_sm80.cu), then this one.
+// is built (backward_sm90.cuh: the block's shape and what the dq kernel shares); the math is in
+// backward_params.h, the chunked walk in backward_sm80.cu. Also the entry point of the sm90
+// backward: the dq kernel (backward_dq_sm90.cu), then this one.
 //
 // One block per (batch, head) (value dim 64: the consumer warpgroup's 64 rows are the value
 // columns) walks the sequence backward in chunks of 64 rows, keeping the reverse running state
@@ -27,31 +28,19 @@
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
 #include "kittens/hopper/tma_cache.cuh"
-#include "based/backward_common.cuh"
-#include "based/state_sm90.cuh"
+#include "based/backward_sm90.cuh"
 
 namespace tk::based {
 namespace backward {
 
-int dq_shared_bytes(int value_dim);
-cudaError_t dq_sm80(const BackwardParams& p, cudaStream_t stream);
+int dq_sm90_shared_bytes(int value_dim);
+cudaError_t dq_sm90(const BackwardParams& p, cudaStream_t stream);
 int dkv_shared_bytes(int value_dim);
 cudaError_t dkv_sm80(const BackwardParams& p, cudaStream_t stream);
 
 namespace {
 
-namespace f = sm90;  // the feature rows and the state
-
-constexpr int VALUE_DIM = 64;  // this kernel's value dim: the consumer warpgroup's 64 rows
-constexpr int RING = 2;        // q, k, do chunks in flight
-constexpr int THREADS = 2 * 4 * kt::WARP_THREADS;  // the consumer warpgroup, then the producer's
-constexpr int PRODUCER_WARPGROUP = 1;
-constexpr int CONSUMER_BARRIER = 1;  // named barrier of the consumer warpgroup
-// Two blocks an SM start at 128 registers a thread; the producer, which only issues TMA copies,
-// gives its share to the consumer, whose state (80), products and Jacobian need them.
-constexpr int PRODUCER_REGISTERS = 24;
-constexpr int CONSUMER_REGISTERS = 232;
-static_assert(PRODUCER_REGISTERS + CONSUMER_REGISTERS <= 2 * 128, "two blocks' registers must fit an SM");
+using namespace hopper;
 
 template <typename T>
 struct Shared {
@@ -82,14 +71,6 @@ struct Globals {
     const float* grad_denominator;  // (B, H, N) or null
     int heads, len;
 };
-
-// acc_tile views of a wgmma accumulator's base tiles (the same fragment layout).
-template <typename RT>
-__device__ __forceinline__ acc_tile base_tile(const RT& t, int j) {
-    acc_tile x;
-    x.tiles[0][0] = t.tiles[0][j];
-    return x;
-}
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS, 2)
@@ -250,54 +231,10 @@ __global__ void __launch_bounds__(THREADS, 2)
                 }
             }
             kt::mask_cols_before(ds, [&](int row) { return 16 * warp + row; }, 0.f);
-#pragma unroll
-            for (int j = 0; j < CHUNK / 16; j++) {
-                if (j < warp) continue;  // queries before this warp's keys: masked whole
-                tile<T> high, low;
-                split_high_low(high, low, base_tile(ds, j));
-                col_tile<T> queries;  // B operand of ds^T Q
-                kt::load(queries, kt::subtile<16, 16>(sh.q[s], j, 0));
-                kt::mma_AB(dk, high, queries, dk);
-                kt::mma_AB(dk, low, queries, dk);
-            }
+            hopper::add_chunk_product<T>(dk, ds, sh.q[s], [&](int j) { return j >= warp; });  // the keys see later queries
         }
-        // Then the later chunks' terms J_phi(k)^T H, H = V R16, in two groups of features: pair
-        // tiles 0..3 with the last 32 features (the half pair tile and the linear features; the
-        // constant's column is 0), then pair tiles 4..7.
-        {
-            kt::rt_fl<16, 64> h;
-            kt::rt_fl<16, f::FEATURES - f::PAIR_FEATURES> h_rest;
-            kt::wgmma::fence();
-            kt::wgmma::mma_AB(h, sh.v, kt::subtile<VALUE_DIM, 64>(sh.r, 0, 0), false);
-            kt::wgmma::mma_AB(h_rest, sh.v, kt::subtile<VALUE_DIM, f::FEATURES - f::PAIR_FEATURES>(sh.r, 0, f::PAIR_FEATURES / 32), false);
-            kt::wgmma::commit();
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(h);
-            kt::wgmma::fence_operand(h_rest);
-            kt::static_for<4>([&](auto d) {
-                add_pair_jacobian<decltype(d)::value>(dk, base_tile(h, decltype(d)::value), factors, sh.permutations);
-            });
-            add_pair_jacobian<HALF_TILE>(dk, base_tile(h_rest, 0), factors, sh.permutations);
-            // The linear features' Jacobian is the identity (c1 is in R16).
-            const acc_tile linear = base_tile(h_rest, (f::LINEAR - f::PAIR_FEATURES) / 16);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                dk.tiles[0][0].data[k].x += linear.tiles[0][0].data[k].x;
-                dk.tiles[0][0].data[k].y += linear.tiles[0][0].data[k].y;
-            }
-        }
-        {
-            kt::rt_fl<16, 64> h;
-            kt::wgmma::fence();
-            kt::wgmma::mma_AB(h, sh.v, kt::subtile<VALUE_DIM, 64>(sh.r, 0, 1), false);
-            kt::wgmma::commit();
-            kt::wgmma::wait<0>();
-            kt::wgmma::fence_operand(h);
-            kt::static_for<4>([&](auto d) {
-                constexpr int D = 4 + decltype(d)::value;
-                add_pair_jacobian<D>(dk, base_tile(h, D - 4), factors, sh.permutations);
-            });
-        }
+        // Then the later chunks' terms J_phi(k)^T H, H = V R16.
+        hopper::add_state_gradient(dk, sh.v, sh.r, factors, sh.permutations);
         __syncwarp();
         if (lane == 0) {  // this warp is done with the stage and with v
             kt::arrive(sh.empty[s]);
@@ -362,9 +299,9 @@ cudaError_t dkv_sm90(const BackwardParams& p, cudaStream_t stream) {
 }  // namespace backward
 
 int backward_sm90_shared_bytes(int value_dim) {
-    const int dkv = value_dim == backward::VALUE_DIM ? kittens::shared_bytes_for<backward::Shared<kittens::bf16>>()
-                                                     : backward::dkv_shared_bytes(value_dim);
-    const int dq = backward::dq_shared_bytes(value_dim);
+    const int dkv = value_dim == backward::hopper::VALUE_DIM ? kittens::shared_bytes_for<backward::Shared<kittens::bf16>>()
+                                                             : backward::dkv_shared_bytes(value_dim);
+    const int dq = backward::dq_sm90_shared_bytes(value_dim);
     return dq > dkv ? dq : dkv;
 }
 
@@ -372,7 +309,7 @@ cudaError_t backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     // The op layer checks these; a direct caller gets an error instead of a wrong launch.
     if (p.len < 1 || p.batch < 1 || p.heads < 1 || (p.value_dim != 64 && p.value_dim != 128) || !(p.scale > 0.f))
         return cudaErrorInvalidValue;
-    if (cudaError_t e = backward::dq_sm80(p, stream)) return e;
+    if (cudaError_t e = backward::dq_sm90(p, stream)) return e;
     return backward::dkv_sm90(p, stream);
 }
 

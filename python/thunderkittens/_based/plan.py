@@ -5,9 +5,9 @@ The kernels are built for feature dim 16 and value dims 64 and 128, bf16/fp16. T
 families, in the order ``auto`` prefers them: ``sm90`` (TMA + wgmma, csrc/based/forward_sm90.cu)
 needs exactly sm_90 (Hopper) and a 90a build; ``sm80`` (mma.sync + cp.async) runs on every GPU
 from sm_80 on, Hopper included (``use_kernel("sm80", op="based")`` forces it there). Both have
-one contract; each has its backward op (``based_bwd_sm90``: dk and dv on wgmma for value dim 64,
-dq and value dim 128 on the mma.sync kernels; ``based_bwd_sm80``: all on mma.sync), and either
-backward reads only the inputs and o. A call that needs
+one contract; each has its backward op (``based_bwd_sm90``: wgmma kernels for value dim 64, the
+mma.sync ones for 128; ``based_bwd_sm80``: mma.sync), and either backward reads only the inputs
+and o. A call that needs
 gradients runs the forward kernel with its family's backward kernels as its autograd formula (with
 normalize, the normaliser's share of the gradient by PyTorch ops: autograd.py), where the GPU
 gives the backward kernels the shared memory they need; else the chunked PyTorch reference for

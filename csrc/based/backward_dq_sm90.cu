@@ -1,0 +1,231 @@
+// The gradient of q for the Based backward on Hopper (sm_90a): TMA + wgmma, a producer and a
+// consumer warpgroup (backward_sm90.cuh); the math is in backward_params.h, the chunked walk in
+// backward_dq_sm80.cu.
+//
+// One block per (batch, head) (value dim 64) walks the sequence forward in chunks of 64 rows,
+// keeping the forward's running state S = S0 + sum of earlier phi(k) v^T transposed as a wgmma
+// accumulator, exactly as the wgmma forward does (forward_sm90.cu). Per chunk, with S16 S's
+// scaled 16-bit copy (the earlier chunks) and F_k the chunk's key features:
+//   dq  = ds K + J_phi(q)^T (dO S16)      (dO S16 on wgmma; ds K and the Jacobian per warp on
+//                                          mma.sync, as backward_common.cuh applies it)
+//   S^T += V^T F_k^T                      (wgmma)
+// with ds = mask_causal((dO V^T + g) * (c1 + 2 c2 Q K^T)) (g: the denominators' gradient of the
+// rows, when given), split into a 16-bit high part and its remainder before its product.
+// Partial last chunk: rows past the end arrive as zeros (TMA): their v adds nothing to S, and
+// their dq is not stored.
+#include <cuda.h>
+
+#include "kittens/kittens.cuh"
+#include "kittens/hopper/hopper.cuh"
+#include "kittens/hopper/tma_cache.cuh"
+#include "based/backward_sm90.cuh"
+
+namespace tk::based::backward {
+
+int dq_shared_bytes(int value_dim);
+cudaError_t dq_sm80(const BackwardParams& p, cudaStream_t stream);
+
+namespace {
+
+using namespace hopper;
+
+template <typename T>
+struct DqShared {
+    using qk_tile = kt::st<T, CHUNK, FEATURE_DIM>;  // a chunk of q or k (64 x 16)
+    using v_tile = kt::st<T, CHUNK, VALUE_DIM>;     // a chunk of v or do
+    qk_tile q[RING], k[RING];
+    v_tile v[RING], grad[RING];
+    kt::st<T, f::FEATURES, CHUNK> fk;
+    kt::st<T, VALUE_DIM, f::FEATURES> s16;  // B operand of dO S16
+    kt::st<T, CHUNK, FEATURE_DIM> dq;       // dq's staging
+    transposed_chunk<T> q_t;                // q^T, for the Jacobian's partner gathers
+    permutation_tiles<T> permutations;
+    kt::semaphore full[RING], empty[RING];
+    static constexpr uint32_t chunk_bytes =
+        2 * kt::tma::tile_bytes<qk_tile>() + 2 * kt::tma::tile_bytes<v_tile>();
+};
+
+template <typename T>
+struct DqGlobals {
+    CUtensorMap q_map, k_map, v_map, grad_map;
+    kt::gl<T> dq;
+    const float* initial_state;     // (B, H, 273, Dv + 1) or null
+    const float* grad_denominator;  // (B, H, N) or null
+    int heads, len;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS, 2)
+    dq_kernel_sm90(const __grid_constant__ DqGlobals<T> g, const __grid_constant__ Constants c) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
+#else
+    using S = DqShared<T>;
+    using chunk_tile = kt::rt_fl<16, CHUNK>;
+    extern __shared__ char smem[];
+    kt::shared_allocator alloc(smem);
+    S& sh = alloc.allocate<S>();
+
+    const int bh = blockIdx.x;
+    const int batch = bh / g.heads, head = bh % g.heads;
+    const int chunks = kt::ceil_div(g.len, CHUNK);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < RING; s++) {
+            kt::init_semaphore(sh.full[s], 1);
+            kt::init_semaphore(sh.empty[s], 4);  // one arrival per consumer warp
+        }
+        kt::fence_semaphore_init();
+    }
+    fill_permutations(sh.permutations);
+    __syncthreads();
+
+    if (kt::warpgroup_id() == PRODUCER_WARPGROUP) {  // one thread streams the chunks
+        kt::decrease_registers<PRODUCER_REGISTERS>();
+        if (threadIdx.x % (4 * kt::WARP_THREADS) == 0) {
+            for (int chunk = 0; chunk < chunks; chunk++) {
+                const int s = chunk % RING;
+                if (chunk >= RING) kt::wait(sh.empty[s], (chunk / RING - 1) % 2);
+                kt::expect_bytes(sh.full[s], S::chunk_bytes);
+                kt::tma::load_async(sh.q[s], &g.q_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+                kt::tma::load_async(sh.k[s], &g.k_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+                kt::tma::load_async(sh.v[s], &g.v_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+                kt::tma::load_async(sh.grad[s], &g.grad_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- the consumer warpgroup ----
+    kt::increase_registers<CONSUMER_REGISTERS>();
+    const int warp = kt::warpgroup::warp(), lane = kt::lane_id();
+    auto sync = [] { kt::warpgroup::sync(CONSUMER_BARRIER); };
+    const float* denominator_grad = g.grad_denominator != nullptr ? g.grad_denominator + int64_t(bh) * g.len : nullptr;
+
+    f::State st;  // S
+    if (g.initial_state != nullptr) {
+        const int64_t offset = int64_t(bh) * STATE_ROWS * (VALUE_DIM + 1);
+        f::read_state(st, StateRows{const_cast<float*>(g.initial_state) + offset, VALUE_DIM + 1}, 16 * warp, c);
+    } else {
+        kt::zero(st.pairs);
+        kt::zero(st.rest);
+    }
+    const uint32_t q_gather = gather_base(sh.q_t);
+
+    for (int chunk = 0; chunk < chunks; chunk++) {
+        const int s = chunk % RING;
+        kt::wait(sh.full[s], (chunk / RING) % 2);
+
+        // The chunk's key features (warps 0, 1; S16's constant column, which they meet, is 0),
+        // this warp's 16 queries transposed for its own gathers, and S16 (the earlier chunks).
+        if (warp == 0) f::build_features<T, 0, false>(sh.fk, sh.k[s]);
+        else if (warp == 1) f::build_features<T, 1, false>(sh.fk, sh.k[s]);
+        {
+            col_tile<T> queries;
+            kt::load(queries, kt::subtile<16, 16>(sh.q[s], warp, 0));
+            store_transposed(sh.q_t, queries, warp);
+        }
+        {
+            kt::rt<T, 16, f::FEATURES> a;
+            f::state_operand(a, st, c);
+            kt::store(kt::subtile<16, f::FEATURES>(sh.s16, warp, 0), a);
+        }
+        kt::fence_async_proxy();  // the generic stores (features, S16), before wgmma reads them
+        sync();  // features, q^T and S16 complete
+
+        // This chunk's terms, ds K, with S's update in the same group of products.
+        tile<T> queries;
+        kt::load(queries, kt::subtile<16, 16>(sh.q[s], warp, 0));
+        const RowFactors<T> factors(queries, q_gather, warp);
+        acc_tile dq;
+        kt::zero(dq);
+        {
+            chunk_tile ds, scores;
+            kt::wgmma::fence();
+            kt::wgmma::mma_ABt(ds, sh.grad[s], sh.v[s], false);  // dP = dO V^T
+            kt::wgmma::mma_ABt(scores, sh.q[s], sh.k[s], false);
+            kt::wgmma::mma_AtBt(st.pairs, sh.v[s], kt::subtile<f::PAIR_FEATURES, CHUNK>(sh.fk, 0, 0), true);
+            kt::wgmma::mma_AtBt(st.rest, sh.v[s], kt::subtile<f::FEATURES - f::PAIR_FEATURES, CHUNK>(sh.fk, f::PAIR_FEATURES / 32, 0), true);
+            kt::wgmma::commit();
+            kt::wgmma::wait<0>();
+            kt::wgmma::fence_operand(ds);
+            kt::wgmma::fence_operand(scores);
+            kt::wgmma::fence_operand(st.pairs);
+            kt::wgmma::fence_operand(st.rest);
+            // g of this lane's two rows (registers k % 2 == 0: row lane / 4, else lane / 4 + 8).
+            float2 row_grad = make_float2(0.f, 0.f);
+            if (denominator_grad != nullptr) {
+                const int row = chunk * CHUNK + 16 * warp + chunk_tile::row_in_base(0, 0);
+                if (row < g.len) row_grad.x = denominator_grad[row];
+                if (row + 8 < g.len) row_grad.y = denominator_grad[row + 8];
+            }
+            const float two_c2 = 2.f * c.c2;
+#pragma unroll
+            for (int j = 0; j < CHUNK / 16; j++) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float gr = k % 2 ? row_grad.y : row_grad.x;
+                    float2& e = ds.tiles[0][j].data[k];
+                    const float2 x = scores.tiles[0][j].data[k];
+                    e.x = (e.x + gr) * fmaf(two_c2, x.x, c.c1);
+                    e.y = (e.y + gr) * fmaf(two_c2, x.y, c.c1);
+                }
+            }
+            kt::mask_cols_after(ds, [&](int row) { return 16 * warp + row; }, 0.f);
+            hopper::add_chunk_product<T>(dq, ds, sh.k[s], [&](int j) { return j <= warp; });  // the rows see earlier keys
+        }
+        // Then the earlier chunks' terms J_phi(q)^T (dO S16).
+        hopper::add_state_gradient(dq, sh.grad[s], sh.s16, factors, sh.permutations);
+        __syncwarp();
+        if (lane == 0) kt::arrive(sh.empty[s]);  // this warp is done with the stage
+        {
+            tile<T> x;
+            kt::copy(x, dq);
+            kt::store(kt::subtile<16, 16>(sh.dq, warp, 0), x);
+        }
+        sync();  // dq staged; every warp is done with S16 and the features
+        kt::warpgroup::store(g.dq, sh.dq, kt::coord{batch, head, chunk, 0});
+    }
+#endif
+}
+
+template <typename T>
+cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
+    using S = DqShared<T>;
+    auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
+        return kt::gl<T>(static_cast<T*>(const_cast<void*>(data)), p.batch, p.heads, p.len, cols, sb, sh, sl);
+    };
+    const kt::gl<T> q = operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
+    const kt::gl<T> k = operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
+    const kt::gl<T> v = operand(p.v, VALUE_DIM, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> grad = operand(p.grad_out, VALUE_DIM, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    DqGlobals<T> g{{}, {}, {}, {}, operand(p.dq, FEATURE_DIM, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l),
+                   p.initial_state, p.grad_denominator, p.heads, p.len};
+    if (kt::tma::cached_tensor_map<typename S::qk_tile>(&g.q_map, q) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename S::qk_tile>(&g.k_map, k) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename S::v_tile>(&g.v_map, v) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<typename S::v_tile>(&g.grad_map, grad) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    constexpr int smem = kt::shared_bytes_for<S>();
+    static_assert(2 * (smem + 1024) <= 228 * 1024, "backward_dq_sm90: two blocks must fit an SM");
+    auto kernel = dq_kernel_sm90<T>;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
+    const int64_t blocks = int64_t(p.batch) * p.heads;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, make_constants(p.scale));
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+int dq_sm90_shared_bytes(int value_dim) {
+    return value_dim == hopper::VALUE_DIM ? kt::shared_bytes_for<DqShared<kt::bf16>>() : dq_shared_bytes(value_dim);
+}
+
+// The wgmma kernel takes value dim 64; 128 runs the mma.sync one.
+cudaError_t dq_sm90(const BackwardParams& p, cudaStream_t stream) {
+    if (p.value_dim != hopper::VALUE_DIM) return dq_sm80(p, stream);
+    return p.dtype == ElementType::bf16 ? launch<kt::bf16>(p, stream) : launch<kt::half>(p, stream);
+}
+
+}  // namespace tk::based::backward

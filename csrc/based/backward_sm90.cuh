@@ -1,0 +1,100 @@
+// What the two Hopper Based backward kernels share (backward_sm90.cu: dk and dv, backward_dq_sm90.cu:
+// dq): the block's shape (a consumer warpgroup whose 64 rows are the value columns, a producer
+// warpgroup that only issues TMA copies and gives its registers to the consumer), and the
+// gradient through the state on wgmma: out += J_phi(x)^T (Y S16) for a row tile x, with Y the
+// chunk's value-side rows (do for dq, v for dk) and S16 the state's scaled 16-bit copy
+// (state_sm90.cuh), the Jacobian applied per pair tile as backward_common.cuh does it.
+#pragma once
+#include "kittens/kittens.cuh"
+#include "kittens/hopper/hopper.cuh"
+#include "based/backward_common.cuh"
+#include "based/state_sm90.cuh"
+
+namespace tk::based::backward::hopper {
+
+namespace f = sm90;  // the feature rows and the state
+
+inline constexpr int VALUE_DIM = 64;  // the kernels' value dim: the consumer warpgroup's 64 rows
+inline constexpr int RING = 2;        // chunks in flight
+inline constexpr int THREADS = 2 * 4 * kt::WARP_THREADS;  // the consumer warpgroup, then the producer's
+inline constexpr int PRODUCER_WARPGROUP = 1;
+inline constexpr int CONSUMER_BARRIER = 1;  // named barrier of the consumer warpgroup
+// Two blocks an SM start at 128 registers a thread; the producer gives its share to the
+// consumer, whose state (80), products and Jacobian need them.
+inline constexpr int PRODUCER_REGISTERS = 24;
+inline constexpr int CONSUMER_REGISTERS = 232;
+static_assert(PRODUCER_REGISTERS + CONSUMER_REGISTERS <= 2 * 128, "two blocks' registers must fit an SM");
+
+// An acc_tile view of a wgmma accumulator's base tile j (the same fragment layout).
+template <typename RT>
+__device__ __forceinline__ acc_tile base_tile(const RT& t, int j) {
+    acc_tile x;
+    x.tiles[0][0] = t.tiles[0][j];
+    return x;
+}
+
+// out += J_phi(x)^T (Y S16) for this warp's 16 rows of the chunk (x: `factors`), Y (chunk rows x
+// value columns) and S16 (value columns x features) in shared memory. Y S16 on wgmma in two
+// groups of features, so that 48 and 32 accumulator registers beside the state's 80 suffice:
+// pair tiles 0..3 with the last 32 features (the half pair tile and the linear features; the
+// constant's column of S16 is 0), then pair tiles 4..7. All four warps call it.
+template <typename T, typename SY, typename SS>
+__device__ __forceinline__ void add_state_gradient(acc_tile& out, const SY& y, SS& s16, const RowFactors<T>& factors,
+                                                   const permutation_tiles<T>& permutations) {
+    constexpr int REST = f::FEATURES - f::PAIR_FEATURES;
+    {
+        kt::rt_fl<16, 64> g;
+        kt::rt_fl<16, REST> g_rest;
+        kt::wgmma::fence();
+        kt::wgmma::mma_AB(g, y, kt::subtile<VALUE_DIM, 64>(s16, 0, 0), false);
+        kt::wgmma::mma_AB(g_rest, y, kt::subtile<VALUE_DIM, REST>(s16, 0, f::PAIR_FEATURES / REST), false);
+        kt::wgmma::commit();
+        kt::wgmma::wait<0>();
+        kt::wgmma::fence_operand(g);
+        kt::wgmma::fence_operand(g_rest);
+        kt::static_for<4>([&](auto d) {
+            add_pair_jacobian<decltype(d)::value>(out, base_tile(g, decltype(d)::value), factors, permutations);
+        });
+        add_pair_jacobian<HALF_TILE>(out, base_tile(g_rest, 0), factors, permutations);
+        // The linear features' Jacobian is the identity (c1 is in S16).
+        const acc_tile linear = base_tile(g_rest, (f::LINEAR - f::PAIR_FEATURES) / 16);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            out.tiles[0][0].data[k].x += linear.tiles[0][0].data[k].x;
+            out.tiles[0][0].data[k].y += linear.tiles[0][0].data[k].y;
+        }
+    }
+    {
+        kt::rt_fl<16, 64> g;
+        kt::wgmma::fence();
+        kt::wgmma::mma_AB(g, y, kt::subtile<VALUE_DIM, 64>(s16, 0, 1), false);
+        kt::wgmma::commit();
+        kt::wgmma::wait<0>();
+        kt::wgmma::fence_operand(g);
+        kt::static_for<4>([&](auto d) {
+            constexpr int D = 4 + decltype(d)::value;
+            add_pair_jacobian<D>(out, base_tile(g, D - 4), factors, permutations);
+        });
+    }
+}
+
+// The chunk's ds blocks as the A operand of out += ds X for this warp's 16 rows: ds (16 x 64,
+// fp32) split into a 16-bit high part and its remainder per 16-column block, X's 16-row blocks
+// (16 x 16 of the chunk's q or k) from shared memory; only the blocks `needed(j)` (the others
+// are masked whole).
+template <typename T, typename SX, typename Needed>
+__device__ __forceinline__ void add_chunk_product(acc_tile& out, const kt::rt_fl<16, CHUNK>& ds, SX& x,
+                                                  Needed&& needed) {
+#pragma unroll
+    for (int j = 0; j < CHUNK / 16; j++) {
+        if (!needed(j)) continue;
+        tile<T> high, low;
+        split_high_low(high, low, base_tile(ds, j));
+        col_tile<T> rows;  // B operand
+        kt::load(rows, kt::subtile<16, 16>(x, j, 0));
+        kt::mma_AB(out, high, rows, out);
+        kt::mma_AB(out, low, rows, out);
+    }
+}
+
+}  // namespace tk::based::backward::hopper
