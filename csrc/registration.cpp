@@ -91,8 +91,7 @@ TORCH_LIBRARY(tk, m) {
     m.def("based_bwd_sm80(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
           "Tensor? grad_final_state, bool grad_initial_state, Tensor? grad_denominator) "
           "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");
-    // The same contract on Hopper (sm_90 only): TMA + wgmma kernels for value dim 64, the mma.sync
-    // ones for 128.
+    // The same contract on Hopper (sm_90 only), by TMA + wgmma kernels.
     m.def("based_bwd_sm90(Tensor grad_out, Tensor q, Tensor k, Tensor v, float scale, Tensor? initial_state, "
           "Tensor? grad_final_state, bool grad_initial_state, Tensor? grad_denominator) "
           "-> (Tensor dq, Tensor dk, Tensor dv, Tensor d_initial_state)");

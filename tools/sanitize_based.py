@@ -8,8 +8,8 @@ around the 64-row chunk, both value dims and dtypes, normalize on and off, with 
 initial and a final state, and a strided (B, N, H, D) layout; then the decoding step ops
 tk.based_step_sm80 and tk.based_step_inplace_sm80 on 1, 4 and 5 tokens (one and two passes over
 the state), states at every 4-byte offset from a 16-byte boundary (six slices each) and with
-padded slices; then the backward op tk.based_bwd_sm80 on the forward's lengths, value dims and
-dtypes, with and without an initial state and a final state's gradient, q, k and the gradient
+padded slices; then the backward ops tk.based_bwd_sm80 and (on sm_90) tk.based_bwd_sm90 on the
+forward's lengths, value dims and dtypes, with and without an initial state and a final state's gradient, q, k and the gradient
 strided. Inputs and the float64 references are made on the CPU, so the only GPU work is copies
 and our kernels. With the argument `step` (`backward`), only the step (backward) calls. Exits
 non-zero on any mismatch.
@@ -116,12 +116,14 @@ def steps() -> tuple[int, int]:
 
 
 def backward_calls() -> tuple[int, int]:
-    """tk::based_bwd_sm80 against float64 autograd of the quadratic form (unnormalised; the
+    """tk::based_bwd_sm80 and, on an sm_90 GPU, tk::based_bwd_sm90 (the TMA + wgmma kernels) against
+    float64 autograd of the quadratic form (unnormalised; the
     states' quadratic blocks symmetric and the final state's gradient without a last column:
     all the op sees)."""
     failures = runs = 0
     scale, b, h = 0.25, 2, 3
-    for n, dv, dtype, states in itertools.product(LENGTHS, VALUE_DIMS, DTYPES, (False, True)):
+    ops = ["based_bwd_sm80"] + (["based_bwd_sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
+    for name, n, dv, dtype, states in itertools.product(ops, LENGTHS, VALUE_DIMS, DTYPES, (False, True)):
         q, k, grad = (torch.randn(b, n, h, d).to(dtype) for d in (16, 16, dv))
         v = torch.randn(b, h, n, dv).to(dtype)
         state0 = grad_final = None
@@ -132,7 +134,7 @@ def backward_calls() -> tuple[int, int]:
             grad_final = (reference.feature_map(torch.randn(b, h, 5, 16, dtype=torch.float64), scale).transpose(-1, -2)
                           @ torch.randn(b, h, 5, dv + 1, dtype=torch.float64)).float()
             grad_final[..., -1] = 0
-        got = torch.ops.tk.based_bwd_sm80(grad.cuda().transpose(1, 2), q.cuda().transpose(1, 2),
+        got = getattr(torch.ops.tk, name)(grad.cuda().transpose(1, 2), q.cuda().transpose(1, 2),
                                           k.cuda().transpose(1, 2), v.cuda(), scale,
                                           state0.cuda() if states else None,
                                           grad_final.cuda() if states else None, states)
@@ -150,7 +152,7 @@ def backward_calls() -> tuple[int, int]:
         runs += 1
         if not worst <= 3e-2:
             failures += 1
-            print(f"BACKWARD MISMATCH n={n} dv={dv} {dtype} states={states}: max err {worst:.3e}")
+            print(f"BACKWARD MISMATCH {name} n={n} dv={dv} {dtype} states={states}: max err {worst:.3e}")
     return runs, failures
 
 

@@ -2,7 +2,7 @@
 // consumer warpgroup (backward_sm90.cuh); the math is in backward_params.h, the chunked walk in
 // backward_dq_sm80.cu.
 //
-// One block per (batch, head) (value dim 64) walks the sequence forward in chunks of 64 rows,
+// One block per (batch, head, 64 value columns) walks the sequence forward in chunks of 64 rows,
 // keeping the forward's running state S = S0 + sum of earlier phi(k) v^T transposed as a wgmma
 // accumulator, exactly as the wgmma forward does (forward_sm90.cu). Per chunk, with S16 S's
 // scaled 16-bit copy (the earlier chunks) and F_k the chunk's key features:
@@ -11,6 +11,8 @@
 //   S^T += V^T F_k^T                      (wgmma)
 // with ds = mask_causal((dO V^T + g) * (c1 + 2 c2 Q K^T)) (g: the denominators' gradient of the
 // rows, when given), split into a 16-bit high part and its remainder before its product.
+// Value dim 128 is two blocks per (batch, head); dq contracts over the value columns, so each
+// writes its fp32 part (dq_parts) and the op adds the parts.
 // Partial last chunk: rows past the end arrive as zeros (TMA): their v adds nothing to S, and
 // their dq is not stored.
 #include <cuda.h>
@@ -21,9 +23,6 @@
 #include "based/backward_sm90.cuh"
 
 namespace tk::based::backward {
-
-int dq_shared_bytes(int value_dim);
-cudaError_t dq_sm80(const BackwardParams& p, cudaStream_t stream);
 
 namespace {
 
@@ -49,14 +48,16 @@ template <typename T>
 struct DqGlobals {
     CUtensorMap q_map, k_map, v_map, grad_map;
     kt::gl<T> dq;
+    float* dq_parts;                // (Dv / 64, B, H, N, 16) when Dv > 64: each column block's part of dq
     const float* initial_state;     // (B, H, 273, Dv + 1) or null
     const float* grad_denominator;  // (B, H, N) or null
-    int heads, len;
+    int heads, len, batch_heads;
 };
 
-template <typename T>
+template <typename T, int DV>
 __global__ void __launch_bounds__(THREADS, 2)
     dq_kernel_sm90(const __grid_constant__ DqGlobals<T> g, const __grid_constant__ Constants c) {
+    constexpr int COL_BLOCKS = DV / VALUE_DIM;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(THREADS, 2)
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
 
-    const int bh = blockIdx.x;
+    const int col_block = blockIdx.x % COL_BLOCKS, bh = blockIdx.x / COL_BLOCKS;
     const int batch = bh / g.heads, head = bh % g.heads;
     const int chunks = kt::ceil_div(g.len, CHUNK);
 
@@ -89,8 +90,8 @@ __global__ void __launch_bounds__(THREADS, 2)
                 kt::expect_bytes(sh.full[s], S::chunk_bytes);
                 kt::tma::load_async(sh.q[s], &g.q_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
                 kt::tma::load_async(sh.k[s], &g.k_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
-                kt::tma::load_async(sh.v[s], &g.v_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
-                kt::tma::load_async(sh.grad[s], &g.grad_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+                kt::tma::load_async(sh.v[s], &g.v_map, kt::coord{batch, head, chunk, col_block}, sh.full[s]);
+                kt::tma::load_async(sh.grad[s], &g.grad_map, kt::coord{batch, head, chunk, col_block}, sh.full[s]);
             }
         }
         return;
@@ -100,12 +101,15 @@ __global__ void __launch_bounds__(THREADS, 2)
     kt::increase_registers<CONSUMER_REGISTERS>();
     const int warp = kt::warpgroup::warp(), lane = kt::lane_id();
     auto sync = [] { kt::warpgroup::sync(CONSUMER_BARRIER); };
-    const float* denominator_grad = g.grad_denominator != nullptr ? g.grad_denominator + int64_t(bh) * g.len : nullptr;
+    // g once: by the first column block (the blocks' parts of dq add up).
+    const float* denominator_grad =
+        g.grad_denominator != nullptr && col_block == 0 ? g.grad_denominator + int64_t(bh) * g.len : nullptr;
 
     f::State st;  // S
     if (g.initial_state != nullptr) {
-        const int64_t offset = int64_t(bh) * STATE_ROWS * (VALUE_DIM + 1);
-        f::read_state(st, StateRows{const_cast<float*>(g.initial_state) + offset, VALUE_DIM + 1}, 16 * warp, c);
+        const int64_t offset = int64_t(bh) * STATE_ROWS * (DV + 1);
+        f::read_state(st, StateRows{const_cast<float*>(g.initial_state) + offset, DV + 1},
+                      col_block * VALUE_DIM + 16 * warp, c);
     } else {
         kt::zero(st.pairs);
         kt::zero(st.rest);
@@ -178,18 +182,21 @@ __global__ void __launch_bounds__(THREADS, 2)
         hopper::add_state_gradient(dq, sh.grad[s], sh.s16, factors, sh.permutations);
         __syncwarp();
         if (lane == 0) kt::arrive(sh.empty[s]);  // this warp is done with the stage
-        {
+        if constexpr (COL_BLOCKS == 1) {
             tile<T> x;
             kt::copy(x, dq);
             kt::store(kt::subtile<16, 16>(sh.dq, warp, 0), x);
+        } else {
+            const int64_t part = int64_t(col_block) * g.batch_heads + bh;
+            hopper::store_part(g.dq_parts + part * g.len * FEATURE_DIM, dq, chunk * CHUNK + 16 * warp, g.len);
         }
         sync();  // dq staged; every warp is done with S16 and the features
-        kt::warpgroup::store(g.dq, sh.dq, kt::coord{batch, head, chunk, 0});
+        if constexpr (COL_BLOCKS == 1) kt::warpgroup::store(g.dq, sh.dq, kt::coord{batch, head, chunk, 0});
     }
 #endif
 }
 
-template <typename T>
+template <typename T, int DV>
 cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
     using S = DqShared<T>;
     auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
@@ -197,10 +204,11 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
     };
     const kt::gl<T> q = operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
     const kt::gl<T> k = operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = operand(p.v, VALUE_DIM, p.v_stride_b, p.v_stride_h, p.v_stride_l);
-    const kt::gl<T> grad = operand(p.grad_out, VALUE_DIM, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    const kt::gl<T> v = operand(p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> grad = operand(p.grad_out, DV, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    if (DV > VALUE_DIM && p.dq_parts == nullptr) return cudaErrorInvalidValue;
     DqGlobals<T> g{{}, {}, {}, {}, operand(p.dq, FEATURE_DIM, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l),
-                   p.initial_state, p.grad_denominator, p.heads, p.len};
+                   p.dq_parts, p.initial_state, p.grad_denominator, p.heads, p.len, p.batch * p.heads};
     if (kt::tma::cached_tensor_map<typename S::qk_tile>(&g.q_map, q) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename S::qk_tile>(&g.k_map, k) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename S::v_tile>(&g.v_map, v) != CUDA_SUCCESS ||
@@ -208,9 +216,9 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     constexpr int smem = kt::shared_bytes_for<S>();
     static_assert(2 * (smem + 1024) <= 228 * 1024, "backward_dq_sm90: two blocks must fit an SM");
-    auto kernel = dq_kernel_sm90<T>;
+    auto kernel = dq_kernel_sm90<T, DV>;
     if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
-    const int64_t blocks = int64_t(p.batch) * p.heads;
+    const int64_t blocks = int64_t(p.batch) * p.heads * (DV / VALUE_DIM);
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, make_constants(p.scale));
     return cudaGetLastError();
@@ -218,14 +226,13 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int dq_sm90_shared_bytes(int value_dim) {
-    return value_dim == hopper::VALUE_DIM ? kt::shared_bytes_for<DqShared<kt::bf16>>() : dq_shared_bytes(value_dim);
-}
+// The same for both value dims: a block takes 64 value columns.
+int dq_sm90_shared_bytes(int) { return kt::shared_bytes_for<DqShared<kt::bf16>>(); }
 
-// The wgmma kernel takes value dim 64; 128 runs the mma.sync one.
 cudaError_t dq_sm90(const BackwardParams& p, cudaStream_t stream) {
-    if (p.value_dim != hopper::VALUE_DIM) return dq_sm80(p, stream);
-    return p.dtype == ElementType::bf16 ? launch<kt::bf16>(p, stream) : launch<kt::half>(p, stream);
+    const bool bf16 = p.dtype == ElementType::bf16;
+    if (p.value_dim == 64) return bf16 ? launch<kt::bf16, 64>(p, stream) : launch<kt::half, 64>(p, stream);
+    return bf16 ? launch<kt::bf16, 128>(p, stream) : launch<kt::half, 128>(p, stream);
 }
 
 }  // namespace tk::based::backward

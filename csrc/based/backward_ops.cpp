@@ -28,12 +28,16 @@ namespace {
 constexpr const char* kSm80Op = "tk::based_bwd_sm80: ";
 constexpr const char* kSm90Op = "tk::based_bwd_sm90: ";
 
-// A kernel set: its launch, its shared memory per block by value dim, and whether it needs sm_90.
+// A kernel set: its launch, its shared memory per block by value dim, whether it needs sm_90, and
+// into how many fp32 parts it splits dq and dk by value dim (0: none, it writes them itself).
 struct BackwardKernels {
     cudaError_t (*run)(const BackwardParams&, cudaStream_t);
     int (*shared_bytes)(int value_dim);
     bool needs_sm90;
+    int (*parts)(int value_dim);
 };
+
+int no_parts(int) { return 0; }
 
 using Gradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -70,6 +74,12 @@ Gradients backward_call(const at::Tensor& grad_out, const at::Tensor& q, const a
     at::Tensor dv = at::empty(v.sizes(), v.options());
     at::Tensor d_initial = grad_initial_state ? at::empty(state_shape, q.options().dtype(at::kFloat))
                                               : at::empty({0}, q.options().dtype(at::kFloat));
+    const int parts = kernels.parts(static_cast<int>(value_dim));
+    at::Tensor dq_parts, dk_parts;
+    if (parts > 0) {
+        dq_parts = at::empty({parts, batch, heads, len, q.size(3)}, q.options().dtype(at::kFloat));
+        dk_parts = at::empty({parts, batch, heads, len, q.size(3)}, q.options().dtype(at::kFloat));
+    }
 
     BackwardParams p{};
     p.grad_out = grad_out.const_data_ptr();
@@ -93,6 +103,8 @@ Gradients backward_call(const at::Tensor& grad_out, const at::Tensor& q, const a
     p.grad_final_state = grad_final.defined() ? grad_final.const_data_ptr<float>() : nullptr;
     p.grad_initial_state = grad_initial_state ? d_initial.mutable_data_ptr<float>() : nullptr;
     p.grad_denominator = denominator_grad.defined() ? denominator_grad.const_data_ptr<float>() : nullptr;
+    p.dq_parts = parts > 0 ? dq_parts.mutable_data_ptr<float>() : nullptr;
+    p.dk_parts = parts > 0 ? dk_parts.mutable_data_ptr<float>() : nullptr;
     p.batch = static_cast<int>(batch);
     p.heads = static_cast<int>(heads);
     p.len = static_cast<int>(len);
@@ -102,6 +114,10 @@ Gradients backward_call(const at::Tensor& grad_out, const at::Tensor& q, const a
 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.device().index()).stream();
     check_launch(kernels.run(p, stream), kOp);
+    if (parts > 0) {  // on the same (current) stream
+        dq.copy_(dq_parts.sum(0));
+        dk.copy_(dk_parts.sum(0));
+    }
     return {dq, dk, dv, d_initial};
 }
 
@@ -110,7 +126,7 @@ Gradients based_bwd_sm80_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
                               const std::optional<at::Tensor>& grad_final_state, bool grad_initial_state,
                               const std::optional<at::Tensor>& grad_denominator) {
     return backward_call(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
-                         grad_denominator, {backward_sm80, backward_sm80_shared_bytes, false}, kSm80Op);
+                         grad_denominator, {backward_sm80, backward_sm80_shared_bytes, false, no_parts}, kSm80Op);
 }
 
 Gradients based_bwd_sm90_cuda(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -118,7 +134,7 @@ Gradients based_bwd_sm90_cuda(const at::Tensor& grad_out, const at::Tensor& q, c
                               const std::optional<at::Tensor>& grad_final_state, bool grad_initial_state,
                               const std::optional<at::Tensor>& grad_denominator) {
     return backward_call(grad_out, q, k, v, scale, initial_state, grad_final_state, grad_initial_state,
-                         grad_denominator, {backward_sm90, backward_sm90_shared_bytes, true}, kSm90Op);
+                         grad_denominator, {backward_sm90, backward_sm90_shared_bytes, true, backward_sm90_parts}, kSm90Op);
 }
 
 }  // namespace

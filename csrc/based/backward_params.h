@@ -57,6 +57,10 @@ struct BackwardParams {
     float* grad_initial_state;
     // (B, H, N) fp32 contiguous, or null: g, the gradient of the block-local denominators.
     const float* grad_denominator;
+    // (Dv / 64, B, H, N, 16) fp32 contiguous, or null: where the sm90 kernels split the value
+    // columns over blocks (Dv = 128), each block's part of dq and of dk; the op adds the parts.
+    float* dq_parts;
+    float* dk_parts;
 
     int batch, heads;
     int len;        // >= 1
@@ -73,8 +77,10 @@ int backward_sm80_shared_bytes(int value_dim);
 // Returns the launch error, if any.
 cudaError_t backward_sm80(const BackwardParams& params, cudaStream_t stream);
 
-// The same on sm_90 (Hopper): TMA + wgmma kernels for value dim 64 (the mma.sync ones for 128).
-// backward_sm90_shared_bytes as above.
+// The same on sm_90 (Hopper): TMA + wgmma kernels, a block per 64 value columns; with Dv = 128 they
+// need dq_parts and dk_parts (backward_sm90_parts(128) = 2 parts each). backward_sm90_shared_bytes
+// as above.
+inline int backward_sm90_parts(int value_dim) { return value_dim > 64 ? value_dim / 64 : 0; }
 int backward_sm90_shared_bytes(int value_dim);
 cudaError_t backward_sm90(const BackwardParams& params, cudaStream_t stream);
 

@@ -4,8 +4,8 @@
 // backward_params.h, the chunked walk in backward_sm80.cu. Also the entry point of the sm90
 // backward: the dq kernel (backward_dq_sm90.cu), then this one.
 //
-// One block per (batch, head) (value dim 64: the consumer warpgroup's 64 rows are the value
-// columns) walks the sequence backward in chunks of 64 rows, keeping the reverse running state
+// One block per (batch, head, 64 value columns: the consumer warpgroup's 64 rows) walks the
+// sequence backward in chunks of 64 rows, keeping the reverse running state
 // R = dF + sum of later phi(q) do^T transposed as a wgmma accumulator (state_sm90.cuh: warp w
 // holds value columns 16 w .. 16 w + 15, the 160 feature columns). Per chunk, with F_q, F_k the
 // chunk's feature rows, P^T = mask_anticausal(p(K Q^T)) (keys as rows) and R16 R's scaled
@@ -21,6 +21,8 @@
 // v is read only by the products that make dk, late in a chunk, so it has one stage of its own:
 // with two stages like q, k and do, two blocks would not fit an SM (as two do: one block's
 // feature building and epilogue overlap the other's products).
+// Value dim 128 is two blocks per (batch, head); dk contracts over the value columns, so each
+// writes its fp32 part (dk_parts) and the op adds the parts.
 // Partial last chunk: rows past the end arrive as zeros (TMA): their do adds nothing to R and
 // nothing to ds; their dk and dv are not stored.
 #include <cuda.h>
@@ -35,8 +37,6 @@ namespace backward {
 
 int dq_sm90_shared_bytes(int value_dim);
 cudaError_t dq_sm90(const BackwardParams& p, cudaStream_t stream);
-int dkv_shared_bytes(int value_dim);
-cudaError_t dkv_sm80(const BackwardParams& p, cudaStream_t stream);
 
 namespace {
 
@@ -66,15 +66,17 @@ template <typename T>
 struct Globals {
     CUtensorMap q_map, k_map, v_map, grad_map;
     kt::gl<T> dk, dv;
+    float* dk_parts;                // (Dv / 64, B, H, N, 16) when Dv > 64: each column block's part of dk
     const float* grad_final_state;  // (B, H, 273, Dv + 1) or null
     float* grad_initial_state;      // (B, H, 273, Dv + 1) or null
     const float* grad_denominator;  // (B, H, N) or null
-    int heads, len;
+    int heads, len, batch_heads;
 };
 
-template <typename T>
+template <typename T, int DV>
 __global__ void __launch_bounds__(THREADS, 2)
     dkv_kernel_sm90(const __grid_constant__ Globals<T> g, const __grid_constant__ Constants c) {
+    constexpr int COL_BLOCKS = DV / VALUE_DIM;
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(THREADS, 2)
     kt::shared_allocator alloc(smem);
     S& sh = alloc.allocate<S>();
 
-    const int bh = blockIdx.x;
+    const int col_block = blockIdx.x % COL_BLOCKS, bh = blockIdx.x / COL_BLOCKS;
     const int batch = bh / g.heads, head = bh % g.heads;
     const int chunks = kt::ceil_div(g.len, CHUNK);
 
@@ -109,10 +111,10 @@ __global__ void __launch_bounds__(THREADS, 2)
                 kt::expect_bytes(sh.full[s], S::chunk_bytes);
                 kt::tma::load_async(sh.q[s], &g.q_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
                 kt::tma::load_async(sh.k[s], &g.k_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
-                kt::tma::load_async(sh.grad[s], &g.grad_map, kt::coord{batch, head, chunk, 0}, sh.full[s]);
+                kt::tma::load_async(sh.grad[s], &g.grad_map, kt::coord{batch, head, chunk, col_block}, sh.full[s]);
                 if (step >= 1) kt::wait(sh.v_empty, (step - 1) % 2);
                 kt::expect_bytes(sh.v_full, S::v_bytes);
-                kt::tma::load_async(sh.v, &g.v_map, kt::coord{batch, head, chunk, 0}, sh.v_full);
+                kt::tma::load_async(sh.v, &g.v_map, kt::coord{batch, head, chunk, col_block}, sh.v_full);
             }
         }
         return;
@@ -122,12 +124,15 @@ __global__ void __launch_bounds__(THREADS, 2)
     kt::increase_registers<CONSUMER_REGISTERS>();
     const int warp = kt::warpgroup::warp(), lane = kt::lane_id();
     auto sync = [] { kt::warpgroup::sync(CONSUMER_BARRIER); };
-    const int64_t state_offset = int64_t(bh) * STATE_ROWS * (VALUE_DIM + 1);
-    const float* denominator_grad = g.grad_denominator != nullptr ? g.grad_denominator + int64_t(bh) * g.len : nullptr;
+    const int value_col = col_block * VALUE_DIM + 16 * warp;  // this warp's first value column
+    const int64_t state_offset = int64_t(bh) * STATE_ROWS * (DV + 1);
+    // g once: by the first column block (the blocks' parts of dk add up).
+    const float* denominator_grad =
+        g.grad_denominator != nullptr && col_block == 0 ? g.grad_denominator + int64_t(bh) * g.len : nullptr;
 
     f::State st;  // R
     if (g.grad_final_state != nullptr) {
-        f::read_state(st, StateRows{const_cast<float*>(g.grad_final_state) + state_offset, VALUE_DIM + 1}, 16 * warp, c);
+        f::read_state(st, StateRows{const_cast<float*>(g.grad_final_state) + state_offset, DV + 1}, value_col, c);
     } else {
         kt::zero(st.pairs);
         kt::zero(st.rest);
@@ -195,7 +200,7 @@ __global__ void __launch_bounds__(THREADS, 2)
             kt::store(kt::subtile<CHUNK, 16>(sh.pt, 0, warp), dv_rows);
         }
         sync();
-        kt::warpgroup::store(g.dv, sh.pt, kt::coord{batch, head, chunk, 0});
+        kt::warpgroup::store(g.dv, sh.pt, kt::coord{batch, head, chunk, col_block});
 
         // dk of this warp's 16 keys. First this chunk's terms, ds^T Q.
         kt::wait(sh.v_full, step % 2);
@@ -240,26 +245,29 @@ __global__ void __launch_bounds__(THREADS, 2)
             kt::arrive(sh.empty[s]);
             kt::arrive(sh.v_empty);
         }
-        {
+        if constexpr (COL_BLOCKS == 1) {
             tile<T> x;
             kt::copy(x, dk);
             kt::store(kt::subtile<16, 16>(sh.dk, warp, 0), x);
+        } else {
+            const int64_t part = int64_t(col_block) * g.batch_heads + bh;
+            hopper::store_part(g.dk_parts + part * g.len * FEATURE_DIM, dk, chunk * CHUNK + 16 * warp, g.len);
         }
         sync();  // dk staged; every warp is done with R16, the features and dv's staging
-        kt::warpgroup::store(g.dk, sh.dk, kt::coord{batch, head, chunk, 0});
+        if constexpr (COL_BLOCKS == 1) kt::warpgroup::store(g.dk, sh.dk, kt::coord{batch, head, chunk, 0});
     }
 
     if (g.grad_initial_state != nullptr) {
-        const StateRows out{g.grad_initial_state + state_offset, VALUE_DIM + 1};
-        f::write_state(st, out, 16 * warp, c);
-        if (warp == 0) {  // the normaliser column: no gradient from the value columns
-            for (int row = lane; row < STATE_ROWS; row += kt::WARP_THREADS) out(row, VALUE_DIM) = 0.f;
+        const StateRows out{g.grad_initial_state + state_offset, DV + 1};
+        f::write_state(st, out, value_col, c);
+        if (col_block == 0 && warp == 0) {  // the normaliser column: no gradient from the value columns
+            for (int row = lane; row < STATE_ROWS; row += kt::WARP_THREADS) out(row, DV) = 0.f;
         }
     }
 #endif
 }
 
-template <typename T>
+template <typename T, int DV>
 cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
     using S = Shared<T>;
     auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
@@ -267,12 +275,14 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
     };
     const kt::gl<T> q = operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
     const kt::gl<T> k = operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = operand(p.v, VALUE_DIM, p.v_stride_b, p.v_stride_h, p.v_stride_l);
-    const kt::gl<T> grad = operand(p.grad_out, VALUE_DIM, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    const kt::gl<T> v = operand(p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> grad = operand(p.grad_out, DV, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    if (DV > VALUE_DIM && p.dk_parts == nullptr) return cudaErrorInvalidValue;
     Globals<T> g{{}, {}, {}, {},
                  operand(p.dk, FEATURE_DIM, p.dk_stride_b, p.dk_stride_h, p.dk_stride_l),
-                 operand(p.dv, VALUE_DIM, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l),
-                 p.grad_final_state, p.grad_initial_state, p.grad_denominator, p.heads, p.len};
+                 operand(p.dv, DV, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l),
+                 p.dk_parts, p.grad_final_state, p.grad_initial_state, p.grad_denominator, p.heads, p.len,
+                 p.batch * p.heads};
     if (kt::tma::cached_tensor_map<typename S::qk_tile>(&g.q_map, q) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename S::qk_tile>(&g.k_map, k) != CUDA_SUCCESS ||
         kt::tma::cached_tensor_map<typename S::v_tile>(&g.v_map, v) != CUDA_SUCCESS ||
@@ -281,26 +291,26 @@ cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
     constexpr int smem = kt::shared_bytes_for<S>();
     // Two blocks an SM: 228 KiB, less 1 KiB reserved per block.
     static_assert(2 * (smem + 1024) <= 228 * 1024, "backward_sm90: two blocks must fit an SM");
-    auto kernel = dkv_kernel_sm90<T>;
+    auto kernel = dkv_kernel_sm90<T, DV>;
     if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
-    const int64_t blocks = int64_t(p.batch) * p.heads;
+    const int64_t blocks = int64_t(p.batch) * p.heads * (DV / VALUE_DIM);
     if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, make_constants(p.scale));
     return cudaGetLastError();
 }
 
-// The wgmma kernel takes value dim 64; 128 runs the mma.sync one.
 cudaError_t dkv_sm90(const BackwardParams& p, cudaStream_t stream) {
-    if (p.value_dim != VALUE_DIM) return dkv_sm80(p, stream);
-    return p.dtype == ElementType::bf16 ? launch<kt::bf16>(p, stream) : launch<kt::half>(p, stream);
+    const bool bf16 = p.dtype == ElementType::bf16;
+    if (p.value_dim == 64) return bf16 ? launch<kt::bf16, 64>(p, stream) : launch<kt::half, 64>(p, stream);
+    return bf16 ? launch<kt::bf16, 128>(p, stream) : launch<kt::half, 128>(p, stream);
 }
 
 }  // namespace
 }  // namespace backward
 
 int backward_sm90_shared_bytes(int value_dim) {
-    const int dkv = value_dim == backward::hopper::VALUE_DIM ? kittens::shared_bytes_for<backward::Shared<kittens::bf16>>()
-                                                             : backward::dkv_shared_bytes(value_dim);
+    // The same for both value dims: a block takes 64 value columns.
+    const int dkv = kittens::shared_bytes_for<backward::Shared<kittens::bf16>>();
     const int dq = backward::dq_sm90_shared_bytes(value_dim);
     return dq > dkv ? dq : dkv;
 }

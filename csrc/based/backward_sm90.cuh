@@ -14,7 +14,7 @@ namespace tk::based::backward::hopper {
 
 namespace f = sm90;  // the feature rows and the state
 
-inline constexpr int VALUE_DIM = 64;  // the kernels' value dim: the consumer warpgroup's 64 rows
+inline constexpr int VALUE_DIM = 64;  // value columns per block: the consumer warpgroup's 64 rows
 inline constexpr int RING = 2;        // chunks in flight
 inline constexpr int THREADS = 2 * 4 * kt::WARP_THREADS;  // the consumer warpgroup, then the producer's
 inline constexpr int PRODUCER_WARPGROUP = 1;
@@ -94,6 +94,17 @@ __device__ __forceinline__ void add_chunk_product(acc_tile& out, const kt::rt_fl
         kt::load(rows, kt::subtile<16, 16>(x, j, 0));
         kt::mma_AB(out, high, rows, out);
         kt::mma_AB(out, low, rows, out);
+    }
+}
+
+// A row tile's gradient (dq or dk) when the value columns are split over blocks (value dim 128:
+// two blocks of 64): this block's fp32 part of this warp's 16 rows, straight from the fragment
+// into `rows` (the (batch, head)'s (N, 16) rows of this part); rows past len are not stored.
+__device__ __forceinline__ void store_part(float* rows, const acc_tile& x, int first_row, int len) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int row = first_row + acc_tile::row_in_base(k, 0), col = acc_tile::col_in_base(k, 0);
+        if (row < len) *reinterpret_cast<float2*>(rows + int64_t(row) * FEATURE_DIM + col) = x.tiles[0][0].data[k];
     }
 }
 

@@ -5,9 +5,8 @@ The kernels are built for feature dim 16 and value dims 64 and 128, bf16/fp16. T
 families, in the order ``auto`` prefers them: ``sm90`` (TMA + wgmma, csrc/based/forward_sm90.cu)
 needs exactly sm_90 (Hopper) and a 90a build; ``sm80`` (mma.sync + cp.async) runs on every GPU
 from sm_80 on, Hopper included (``use_kernel("sm80", op="based")`` forces it there). Both have
-one contract; each has its backward op (``based_bwd_sm90``: wgmma kernels for value dim 64, the
-mma.sync ones for 128; ``based_bwd_sm80``: mma.sync), and either backward reads only the inputs
-and o. A call that needs
+one contract; each has its backward op (``based_bwd_sm90``: TMA + wgmma kernels;
+``based_bwd_sm80``: mma.sync), and either backward reads only the inputs and o. A call that needs
 gradients runs the forward kernel with its family's backward kernels as its autograd formula (with
 normalize, the normaliser's share of the gradient by PyTorch ops: autograd.py), where the GPU
 gives the backward kernels the shared memory they need; else the chunked PyTorch reference for
@@ -35,7 +34,7 @@ SM80 = KernelFamily(op="based", name="sm80", description="sm80 mma.sync", op_nam
                     min_capability=(8, 0), backward_op_name="based_bwd_sm80")
 # Dynamic shared memory per block of each family's backward kernels (the larger of the dq and the
 # dk/dv kernel; csrc/based/backward_*.cu, whose op checks it too), by value dim.
-BACKWARD_SHARED_BYTES = {"sm90": {64: 114688, 128: 155648}, "sm80": {64: 94208, 128: 155648}}
+BACKWARD_SHARED_BYTES = {"sm90": {64: 114688, 128: 114688}, "sm80": {64: 94208, 128: 155648}}
 FAMILIES: tuple[KernelFamily, ...] = (SM90, SM80)
 BY_NAME = _scaffold.register_families(*FAMILIES)
 
