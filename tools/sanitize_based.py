@@ -137,7 +137,7 @@ def backward_calls() -> tuple[int, int]:
         got = getattr(torch.ops.tk, name)(grad.cuda().transpose(1, 2), q.cuda().transpose(1, 2),
                                           k.cuda().transpose(1, 2), v.cuda(), scale,
                                           state0.cuda() if states else None,
-                                          grad_final.cuda() if states else None, states)
+                                          grad_final.cuda() if states else None, states, None)
         leaves = [t.double().requires_grad_() for t in (q.transpose(1, 2), k.transpose(1, 2), v)]
         if states:
             leaves.append(state0.double().requires_grad_())
