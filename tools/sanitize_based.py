@@ -3,7 +3,8 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
         python3 tools/sanitize_based.py [step | backward]
 
-Calls torch.ops.tk.based_fwd_sm80 directly (no fallback can hide a kernel problem) on lengths
+Calls torch.ops.tk.based_fwd_sm80 and (on sm_90) tk.based_fwd_sm90 directly (no fallback can hide a
+kernel problem) on lengths
 around the 64-row chunk, both value dims and dtypes, normalize on and off, with and without an
 initial and a final state, and a strided (B, N, H, D) layout; then the decoding step ops
 tk.based_step_sm80 and tk.based_step_inplace_sm80 on 1, 4 and 5 tokens (one and two passes over
@@ -29,6 +30,11 @@ VALUE_DIMS = [64, 128]
 DTYPES = [torch.bfloat16, torch.float16]
 
 
+def families(prefix: str) -> list[str]:
+    """The ops `prefix`_sm80 and, on an sm_90 GPU, `prefix`_sm90."""
+    return [f"{prefix}_sm80"] + ([f"{prefix}_sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
+
+
 def main() -> int:
     torch.manual_seed(0)
     failures = runs = 0
@@ -43,14 +49,15 @@ def main() -> int:
         print(f"sanitize_based: {runs} backward calls, {failures} mismatches")
         return 1 if failures else 0
     scale = 0.25
-    for n, dv, dtype, normalize, states in itertools.product(LENGTHS, VALUE_DIMS, DTYPES, (False, True), (False, True)):
+    for name, n, dv, dtype, normalize, states in itertools.product(families("based_fwd"), LENGTHS, VALUE_DIMS, DTYPES,
+                                                                   (False, True), (False, True)):
         b, h = 2, 3
         q = torch.randn(b, n, h, 16).to(dtype)
         k = torch.randn(b, n, h, 16).to(dtype)
         v = torch.randn(b, h, n, dv).to(dtype)
         state0 = (reference.feature_map(torch.randn(b, h, 40, 16, dtype=torch.float64), scale).transpose(-1, -2)
                   @ torch.cat([torch.randn(b, h, 40, dv, dtype=torch.float64), torch.ones(b, h, 40, 1, dtype=torch.float64)], -1)).float() if states else None
-        out, final = torch.ops.tk.based_fwd_sm80(q.cuda().transpose(1, 2), k.cuda().transpose(1, 2), v.cuda(), scale,
+        out, final = getattr(torch.ops.tk, name)(q.cuda().transpose(1, 2), k.cuda().transpose(1, 2), v.cuda(), scale,
                                                  normalize, 1e-6, state0.cuda() if states else None, states)
         ref, ref_state = reference.quadratic(q.transpose(1, 2).double(), k.transpose(1, 2).double(), v.double(), scale,
                                              normalize, 1e-6, state0.double() if states else None)
@@ -62,7 +69,7 @@ def main() -> int:
         runs += 1
         if bad or not math.isfinite(err):
             failures += 1
-            print(f"MISMATCH n={n} dv={dv} {dtype} normalize={normalize} states={states}: max err {err:.3e}")
+            print(f"MISMATCH {name} n={n} dv={dv} {dtype} normalize={normalize} states={states}: max err {err:.3e}")
     step_runs, step_failures = steps()
     backward_runs, backward_failures = backward_calls()
     torch.cuda.synchronize()
@@ -122,8 +129,7 @@ def backward_calls() -> tuple[int, int]:
     all the op sees)."""
     failures = runs = 0
     scale, b, h = 0.25, 2, 3
-    ops = ["based_bwd_sm80"] + (["based_bwd_sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
-    for name, n, dv, dtype, states in itertools.product(ops, LENGTHS, VALUE_DIMS, DTYPES, (False, True)):
+    for name, n, dv, dtype, states in itertools.product(families("based_bwd"), LENGTHS, VALUE_DIMS, DTYPES, (False, True)):
         q, k, grad = (torch.randn(b, n, h, d).to(dtype) for d in (16, 16, dv))
         v = torch.randn(b, h, n, dv).to(dtype)
         state0 = grad_final = None
