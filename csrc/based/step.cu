@@ -68,8 +68,8 @@ struct Shared {
     float x[2][MAX_TOKENS][FEATURE_DIM];           // k, q of this group's tokens
     float phi[2][MAX_TOKENS][STATE_ROWS];          // phi(k), phi(q)
     float v[MAX_TOKENS][Shape<DV>::P];             // [v, 1]
-    float partial[Shape<DV>::BAND];                // one token's partial sums, by band position
-    float column[Shape<DV>::P];                    // one token's column sums
+    float partial[MAX_TOKENS][Shape<DV>::BAND];    // each token's partial sums, by band position
+    float column[MAX_TOKENS][Shape<DV>::P];        // each token's column sums
 };
 
 template <typename T>
@@ -213,29 +213,33 @@ __global__ void __launch_bounds__(Shape<DV>::THREADS, MAX_TOKENS == 1 ? 2 : 1)
             }
         }
 
-        // o_t: per token, the partial sums by band position (a bijection of (thread, j)), the
-        // column sums, then the output row.
+        // o_t: every token's partial sums by band position (a bijection of (thread, j)), then
+        // their column sums, a thread per (token, column), then the output rows: all tokens of
+        // the group at once (per token in turn, the sums' serial adds and barriers took a tenth
+        // of a 4-token step).
 #pragma unroll
         for (int t = 0; t < MAX_TOKENS; t++) {
-            if (t >= count) break;
 #pragma unroll
-            for (int j = 0; j < VEC; j++) sh.partial[(VEC * tid + j - misalign + BAND) % BAND] = acc[t][j];
-            __syncthreads();
-            if (tid < P) {
-                float sum = 0.f;
-#pragma unroll 8
-                for (int r = 0; r < BAND_ROWS; r++) sum += sh.partial[r * P + tid];
-                sh.column[tid] = sum;
-            }
-            __syncthreads();
-            if (tid < DV) {
-                float value = sh.column[tid];
-                if (s.normalize) value = __fdiv_rn(value, sh.column[DV] + s.eps);  // IEEE, despite fast math
-                o[int64_t(first + t) * DV + tid] = from_float<T>(value);
-            }
-            // The next token's partial sums overwrite sh.partial only after its reads above (the
-            // barrier after them); sh.column is rewritten after the next barrier.
+            for (int j = 0; j < VEC; j++) sh.partial[t][(VEC * tid + j - misalign + BAND) % BAND] = acc[t][j];
         }
+        __syncthreads();
+        static_assert(MAX_TOKENS * P <= THREADS, "a thread per (token, column) sum");
+        if (tid < count * P) {
+            const int t = tid / P, c = tid % P;
+            float sum = 0.f;
+#pragma unroll 8
+            for (int r = 0; r < BAND_ROWS; r++) sum += sh.partial[t][r * P + c];
+            sh.column[t][c] = sum;
+        }
+        __syncthreads();
+        for (int i = tid; i < count * DV; i += THREADS) {
+            const int t = i / DV, c = i % DV;
+            float value = sh.column[t][c];
+            if (s.normalize) value = __fdiv_rn(value, sh.column[t][DV] + s.eps);  // IEEE, despite fast math
+            o[int64_t(first + t) * DV + c] = from_float<T>(value);
+        }
+        // The next group's load_token_group overwrites shared memory only after the barrier at
+        // its start.
     }
 }
 
