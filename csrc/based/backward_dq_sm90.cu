@@ -15,11 +15,6 @@
 // writes its fp32 part (dq_parts) and the op adds the parts.
 // Partial last chunk: rows past the end arrive as zeros (TMA): their v adds nothing to S, and
 // their dq is not stored.
-#include <cuda.h>
-
-#include "kittens/kittens.cuh"
-#include "kittens/hopper/hopper.cuh"
-#include "kittens/hopper/tma_cache.cuh"
 #include "based/backward_sm90.cuh"
 
 namespace tk::based::backward {
@@ -198,30 +193,11 @@ __global__ void __launch_bounds__(THREADS, 2)
 
 template <typename T, int DV>
 cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
-    using S = DqShared<T>;
-    auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
-        return kt::gl<T>(static_cast<T*>(const_cast<void*>(data)), p.batch, p.heads, p.len, cols, sb, sh, sl);
-    };
-    const kt::gl<T> q = operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
-    const kt::gl<T> k = operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = operand(p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l);
-    const kt::gl<T> grad = operand(p.grad_out, DV, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
     if (DV > VALUE_DIM && p.dq_parts == nullptr) return cudaErrorInvalidValue;
-    DqGlobals<T> g{{}, {}, {}, {}, operand(p.dq, FEATURE_DIM, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l),
+    DqGlobals<T> g{{}, {}, {}, {}, operand<T>(p, p.dq, FEATURE_DIM, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l),
                    p.dq_parts, p.initial_state, p.grad_denominator, p.heads, p.len, p.batch * p.heads};
-    if (kt::tma::cached_tensor_map<typename S::qk_tile>(&g.q_map, q) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::qk_tile>(&g.k_map, k) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::v_tile>(&g.v_map, v) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::v_tile>(&g.grad_map, grad) != CUDA_SUCCESS)
-        return cudaErrorInvalidValue;
-    constexpr int smem = kt::shared_bytes_for<S>();
-    static_assert(2 * (smem + 1024) <= 228 * 1024, "backward_dq_sm90: two blocks must fit an SM");
-    auto kernel = dq_kernel_sm90<T, DV>;
-    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
-    const int64_t blocks = int64_t(p.batch) * p.heads * (DV / VALUE_DIM);
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, make_constants(p.scale));
-    return cudaGetLastError();
+    if (cudaError_t e = make_operand_maps<T, DV>(p, &g.q_map, &g.k_map, &g.v_map, &g.grad_map)) return e;
+    return launch_blocks<DV, kt::shared_bytes_for<DqShared<T>>()>(dq_kernel_sm90<T, DV>, g, p, stream);
 }
 
 }  // namespace

@@ -69,6 +69,12 @@ struct BackwardParams {
     ElementType dtype;
 };
 
+// What the op layer checks about a call's sizes and scale; the kernel entries below refuse a
+// direct caller's call that fails it (an error instead of a wrong launch).
+inline bool backward_params_valid(const BackwardParams& p) {
+    return p.len >= 1 && p.batch >= 1 && p.heads >= 1 && (p.value_dim == 64 || p.value_dim == 128) && p.scale > 0.f;
+}
+
 // Dynamic shared memory (bytes) the backward kernels need for value dim Dv (64 or 128), the
 // larger of its two kernels: the op checks it against the device's opt-in limit.
 int backward_sm80_shared_bytes(int value_dim);

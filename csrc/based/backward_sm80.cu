@@ -301,9 +301,7 @@ int backward_sm80_shared_bytes(int value_dim) {
 }
 
 cudaError_t backward_sm80(const BackwardParams& p, cudaStream_t stream) {
-    // The op layer checks these; a direct caller gets an error instead of a wrong launch.
-    if (p.len < 1 || p.batch < 1 || p.heads < 1 || (p.value_dim != 64 && p.value_dim != 128) || !(p.scale > 0.f))
-        return cudaErrorInvalidValue;
+    if (!backward_params_valid(p)) return cudaErrorInvalidValue;
     if (cudaError_t e = backward::dq_sm80(p, stream)) return e;
     return backward::dkv_sm80(p, stream);
 }

@@ -1,6 +1,6 @@
 // The gradients of k and v (and of the initial state) for the Based backward on Hopper (sm_90a):
-// TMA + wgmma, a producer warp and a consumer warpgroup, as the wgmma forward (forward_sm90.cu)
-// is built (backward_sm90.cuh: the block's shape and what the dq kernel shares); the math is in
+// TMA + wgmma, a producer and a consumer warpgroup, as the wgmma forward (forward_sm90.cu) is
+// built (backward_sm90.cuh: the block's shape and what the dq kernel shares); the math is in
 // backward_params.h, the chunked walk in backward_sm80.cu. Also the entry point of the sm90
 // backward: the dq kernel (backward_dq_sm90.cu), then this one.
 //
@@ -25,11 +25,6 @@
 // writes its fp32 part (dk_parts) and the op adds the parts.
 // Partial last chunk: rows past the end arrive as zeros (TMA): their do adds nothing to R and
 // nothing to ds; their dk and dv are not stored.
-#include <cuda.h>
-
-#include "kittens/kittens.cuh"
-#include "kittens/hopper/hopper.cuh"
-#include "kittens/hopper/tma_cache.cuh"
 #include "based/backward_sm90.cuh"
 
 namespace tk::based {
@@ -213,6 +208,8 @@ __global__ void __launch_bounds__(THREADS, 2)
             chunk_tile ds, scores;
             kt::wgmma::fence();
             kt::wgmma::mma_ABt(ds, sh.v, sh.grad[s], false);  // dP^T = V dO^T
+            // K Q^T again (P^T's product above): kept from there, its 32 registers would sit
+            // beside dv's and R's through the main group; this is a K = 16 product.
             kt::wgmma::mma_ABt(scores, sh.k[s], sh.q[s], false);
             kt::wgmma::commit();
             kt::wgmma::wait<0>();
@@ -269,34 +266,14 @@ __global__ void __launch_bounds__(THREADS, 2)
 
 template <typename T, int DV>
 cudaError_t launch(const BackwardParams& p, cudaStream_t stream) {
-    using S = Shared<T>;
-    auto operand = [&](const void* data, int cols, int64_t sb, int64_t sh, int64_t sl) {
-        return kt::gl<T>(static_cast<T*>(const_cast<void*>(data)), p.batch, p.heads, p.len, cols, sb, sh, sl);
-    };
-    const kt::gl<T> q = operand(p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
-    const kt::gl<T> k = operand(p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
-    const kt::gl<T> v = operand(p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l);
-    const kt::gl<T> grad = operand(p.grad_out, DV, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
     if (DV > VALUE_DIM && p.dk_parts == nullptr) return cudaErrorInvalidValue;
     Globals<T> g{{}, {}, {}, {},
-                 operand(p.dk, FEATURE_DIM, p.dk_stride_b, p.dk_stride_h, p.dk_stride_l),
-                 operand(p.dv, DV, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l),
+                 operand<T>(p, p.dk, FEATURE_DIM, p.dk_stride_b, p.dk_stride_h, p.dk_stride_l),
+                 operand<T>(p, p.dv, DV, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l),
                  p.dk_parts, p.grad_final_state, p.grad_initial_state, p.grad_denominator, p.heads, p.len,
                  p.batch * p.heads};
-    if (kt::tma::cached_tensor_map<typename S::qk_tile>(&g.q_map, q) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::qk_tile>(&g.k_map, k) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::v_tile>(&g.v_map, v) != CUDA_SUCCESS ||
-        kt::tma::cached_tensor_map<typename S::v_tile>(&g.grad_map, grad) != CUDA_SUCCESS)
-        return cudaErrorInvalidValue;
-    constexpr int smem = kt::shared_bytes_for<S>();
-    // Two blocks an SM: 228 KiB, less 1 KiB reserved per block.
-    static_assert(2 * (smem + 1024) <= 228 * 1024, "backward_sm90: two blocks must fit an SM");
-    auto kernel = dkv_kernel_sm90<T, DV>;
-    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
-    const int64_t blocks = int64_t(p.batch) * p.heads * (DV / VALUE_DIM);
-    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-    kernel<<<unsigned(blocks), THREADS, smem, stream>>>(g, make_constants(p.scale));
-    return cudaGetLastError();
+    if (cudaError_t e = make_operand_maps<T, DV>(p, &g.q_map, &g.k_map, &g.v_map, &g.grad_map)) return e;
+    return launch_blocks<DV, kt::shared_bytes_for<Shared<T>>()>(dkv_kernel_sm90<T, DV>, g, p, stream);
 }
 
 cudaError_t dkv_sm90(const BackwardParams& p, cudaStream_t stream) {
@@ -316,9 +293,7 @@ int backward_sm90_shared_bytes(int value_dim) {
 }
 
 cudaError_t backward_sm90(const BackwardParams& p, cudaStream_t stream) {
-    // The op layer checks these; a direct caller gets an error instead of a wrong launch.
-    if (p.len < 1 || p.batch < 1 || p.heads < 1 || (p.value_dim != 64 && p.value_dim != 128) || !(p.scale > 0.f))
-        return cudaErrorInvalidValue;
+    if (!backward_params_valid(p)) return cudaErrorInvalidValue;
     if (cudaError_t e = backward::dq_sm90(p, stream)) return e;
     return backward::dkv_sm90(p, stream);
 }

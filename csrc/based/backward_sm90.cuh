@@ -5,8 +5,11 @@
 // chunk's value-side rows (do for dq, v for dk) and S16 the state's scaled 16-bit copy
 // (state_sm90.cuh), the Jacobian applied per pair tile as backward_common.cuh does it.
 #pragma once
+#include <cuda.h>
+
 #include "kittens/kittens.cuh"
 #include "kittens/hopper/hopper.cuh"
+#include "kittens/hopper/tma_cache.cuh"
 #include "based/backward_common.cuh"
 #include "based/state_sm90.cuh"
 
@@ -24,6 +27,46 @@ inline constexpr int CONSUMER_BARRIER = 1;  // named barrier of the consumer war
 inline constexpr int PRODUCER_REGISTERS = 24;
 inline constexpr int CONSUMER_REGISTERS = 232;
 static_assert(PRODUCER_REGISTERS + CONSUMER_REGISTERS <= 2 * 128, "two blocks' registers must fit an SM");
+
+// One (B, H, N, cols) operand of the call.
+template <typename T>
+kt::gl<T> operand(const BackwardParams& p, const void* data, int cols, int64_t stride_b, int64_t stride_h,
+                  int64_t stride_l) {
+    return kt::gl<T>(static_cast<T*>(const_cast<void*>(data)), p.batch, p.heads, p.len, cols, stride_b, stride_h,
+                     stride_l);
+}
+
+// The TMA maps both kernels read: q and k in chunks of 64 rows, v and do in chunks of 64 rows by
+// VALUE_DIM of their DV columns.
+template <typename T, int DV>
+cudaError_t make_operand_maps(const BackwardParams& p, CUtensorMap* q_map, CUtensorMap* k_map, CUtensorMap* v_map,
+                              CUtensorMap* grad_map) {
+    using qk_tile = kt::st<T, CHUNK, FEATURE_DIM>;
+    using v_tile = kt::st<T, CHUNK, VALUE_DIM>;
+    const kt::gl<T> q = operand<T>(p, p.q, FEATURE_DIM, p.q_stride_b, p.q_stride_h, p.q_stride_l);
+    const kt::gl<T> k = operand<T>(p, p.k, FEATURE_DIM, p.k_stride_b, p.k_stride_h, p.k_stride_l);
+    const kt::gl<T> v = operand<T>(p, p.v, DV, p.v_stride_b, p.v_stride_h, p.v_stride_l);
+    const kt::gl<T> grad = operand<T>(p, p.grad_out, DV, p.grad_out_stride_b, p.grad_out_stride_h, p.grad_out_stride_l);
+    if (kt::tma::cached_tensor_map<qk_tile>(q_map, q) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<qk_tile>(k_map, k) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<v_tile>(v_map, v) != CUDA_SUCCESS ||
+        kt::tma::cached_tensor_map<v_tile>(grad_map, grad) != CUDA_SUCCESS)
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+// kernel<<<a block per (batch, head, VALUE_DIM value columns)>>>(g, the call's constants), with
+// SMEM bytes of dynamic shared memory, of which two blocks must fit an SM (228 KiB, less 1 KiB
+// reserved per block).
+template <int DV, int SMEM, typename Kernel, typename G>
+cudaError_t launch_blocks(Kernel kernel, const G& g, const BackwardParams& p, cudaStream_t stream) {
+    static_assert(2 * (SMEM + 1024) <= 228 * 1024, "Based sm90 backward: two blocks must fit an SM");
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, SMEM)) return e;
+    const int64_t blocks = int64_t(p.batch) * p.heads * (DV / VALUE_DIM);
+    if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+    kernel<<<unsigned(blocks), THREADS, SMEM, stream>>>(g, make_constants(p.scale));
+    return cudaGetLastError();
+}
 
 // An acc_tile view of a wgmma accumulator's base tile j (the same fragment layout).
 template <typename RT>

@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(Shape<DV>::THREADS, MAX_TOKENS == 1 ? 2 : 1)
 
         // o_t: every token's partial sums by band position (a bijection of (thread, j)), then
         // their column sums, a thread per (token, column), then the output rows: all tokens of
-        // the group at once (per token in turn, the sums' serial adds and barriers took a tenth
-        // of a 4-token step).
+        // the group at once, so the sums run side by side behind two barriers rather than one
+        // token after another (docs/performance.md has the 4-token step before and after).
 #pragma unroll
         for (int t = 0; t < MAX_TOKENS; t++) {
 #pragma unroll
