@@ -1,7 +1,7 @@
-"""tk::based_bwd_sm80 (the mma.sync Based backward) and tk::based_bwd_sm90 (dk and dv on the
-Hopper kernel) on a GPU, each module pass with one of them, called as the op and through
-tk.based's autograd (its family forced), against float64 autograd of the quadratic form: both dtypes, value dims 64
-and 128, lengths around the 64-row chunk (1, 17, 63, 64, 65, 1000, 4097), with and without an
+"""tk::based_bwd_sm80 (the mma.sync Based backward) and tk::based_bwd_sm90 (the TMA + wgmma
+kernels) on a GPU, each module pass with one of them, called as the op and through
+tk.based's autograd (its family forced), against float64 autograd of the quadratic form: both
+dtypes, value dims 64 and 128, lengths around the 64-row chunk (1, 17, 63, 64, 65, 1000, 4097), with and without an
 initial state and a final state's gradient, normalize on and off (through tk.based; short sequences, where q's gradient cancels, under the
 differential suite's rule), the block-local denominators' gradient (grad_denominator), strided
 (B, N, H, D) inputs read in place, outputs that must be fully written, batch * heads beyond

@@ -2,9 +2,9 @@
 (ops.py registers it).
 
 The backward op (``tk::based_bwd_sm80`` or ``tk::based_bwd_sm90``, csrc/based/backward_params.h)
-computes the gradients of the unnormalised forward: dq, dk, dv and the initial state's value columns, from q, k, v, the
-initial state and the gradients of o and of the final state. What it does not see is done here
-with small PyTorch ops:
+computes the gradients of the unnormalised forward: dq, dk, dv and the initial state's value
+columns, from q, k, v, the initial state and the gradients of o and of the final state. What it
+does not see is done here with small PyTorch ops:
 
 - the final state's normaliser column (the state's last column, z0 + sum_j phi(k_j)): its
   gradient g adds J_phi(k_j)^T g to dk and passes to the initial state's last column unchanged;

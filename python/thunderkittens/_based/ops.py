@@ -9,7 +9,7 @@ an empty one.
 
 The backward op of each family, ``tk::based_bwd_sm80(grad_out, q, k, v, scale, initial_state,
 grad_final_state, grad_initial_state, grad_denominator) -> (dq, dk, dv, d_initial_state)`` (and
-``tk::based_bwd_sm90``, dk and dv on the Hopper kernel, with the same contract): the
+``tk::based_bwd_sm90``, the Hopper kernels, with the same contract): the
 gradients of the unnormalised forward (csrc/based/backward_params.h) for grad_out of v's shape
 (readable in place), initial_state and grad_final_state None or contiguous float32
 (B, H, 273, Dv + 1) tensors, plus with grad_denominator (float32 (B, H, N) or None) the terms of
