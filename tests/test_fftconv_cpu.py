@@ -153,7 +153,7 @@ def test_filter_spectrum_is_the_rfft():
 
 
 @pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048),
-                                         (5000, 16384), (8192, 16384)])
+                                         (5000, 16384), (8192, 16384), (8200, 32768), (16384, 32768)])
 def test_kernel_path_pads_to_the_kernel_length(cpu_fftconv, n, fft_size):
     u, k, _, _ = make(n=n, nk=min(n, 30), dtype=torch.bfloat16)
     assert str(tk.explain_fftconv(u, k)) == f"kernel tk.fftconv_fwd_sm80 [sm80 mma.sync] bf16 n={n} fft={fft_size}"
@@ -270,8 +270,8 @@ def block_calls(n, nk):
     return convs, tails
 
 
-@pytest.mark.parametrize("n, nk, gates", [(8200, 8200, False), (16384, 16384, True), (17000, 300, True),
-                                          (24000, 10000, False), (32768, 32768, True)])
+@pytest.mark.parametrize("n, nk, gates", [(16400, 16400, False), (32768, 32768, True), (34000, 300, True),
+                                          (48000, 20000, False), (65536, 65536, True)])
 def test_long_sequences_run_as_blocks_of_the_longest_kernel(cpu_fftconv, n, nk, gates):
     """Past the longest kernel: blocks of it (every piece a kernel call of at most its size, the
     tails with the conjugate spectrum), summed to the causal convolution of the whole."""

@@ -51,7 +51,7 @@ from thunderkittens._fftconv import plan as fftconv_plan
 
 pytestmark = pytest.mark.gpu
 
-KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192]  # the kernel's FFT has twice as many points
+KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]  # the kernel's FFT has twice as many points
 DTYPES = [torch.bfloat16, torch.float16]
 DTYPE_IDS = ["bf16", "fp16"]
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -72,7 +72,7 @@ MAX_LENGTH = 4 * KERNEL_LENGTHS[-1]  # longer N than the longest kernel: blocks 
 
 
 def test_the_kernel_lengths():
-    """The kernels cover N = 256 .. 8192 (FFTs of 512 .. 16384 points), longer N up to 32768 as
+    """The kernels cover N = 256 .. 16384 (FFTs of 512 .. 32768 points), longer N up to 65536 as
     blocks of the longest; longer still go to torch.fft."""
     assert tuple(fftconv_plan.KERNEL_LENGTHS) == tuple(KERNEL_LENGTHS)
     assert fftconv_plan.MAX_LENGTH == MAX_LENGTH
@@ -260,7 +260,7 @@ def test_float_inputs_go_to_torch_fft(dtype):
 
 @pytest.mark.parametrize("gates", ["none", "both"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("n, nk", [(8200, 8200), (12000, 300), (16384, 16384), (20000, 20000), (32768, 32768)])
+@pytest.mark.parametrize("n, nk", [(16400, 16400), (24000, 300), (32768, 32768), (40000, 40000), (65536, 65536)])
 def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
     """Blocks of the longest kernel length (2 .. 4 of them, the last one short or whole)."""
     seeded("blocks", n, nk, dtype, gates)
@@ -270,7 +270,7 @@ def test_lengths_past_the_longest_kernel_run_as_blocks(n, nk, dtype, gates):
         assert_close(tk.FFTConv(n)(u, k, pre, post), u, k, pre, post)
 
 
-@pytest.mark.parametrize("n", [MAX_LENGTH + 8, 40000])
+@pytest.mark.parametrize("n", [MAX_LENGTH + 8, 80000])
 def test_lengths_past_the_blocks_go_to_torch_fft(n):
     seeded("long", n)
     u = torch.randn(1, 2, n, device="cuda", dtype=torch.bfloat16)
@@ -282,7 +282,7 @@ def test_lengths_past_the_blocks_go_to_torch_fft(n):
     with tk.strict(), pytest.raises(tk.FallbackError, match=re.escape(reason)):
         tk.fftconv(u, k)
     assert_close(tk.fftconv(u, k), u, k)
-    assert_close(tk.FFTConv(65536)(u, k), u, k)
+    assert_close(tk.FFTConv(2 * MAX_LENGTH)(u, k), u, k)
 
 
 # ---- gradients -------------------------------------------------------------------------------

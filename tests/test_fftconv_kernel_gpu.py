@@ -43,7 +43,7 @@ from gpu_support import (fftconv_inputs, fftconv_reference as reference, kernel_
 
 pytestmark = pytest.mark.gpu
 
-KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192]  # fft_size = 2 * length
+KERNEL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]  # fft_size = 2 * length
 DTYPES = [torch.bfloat16, torch.float16]
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 REL_FACTOR = 2.0
@@ -188,7 +188,7 @@ def test_batch_and_heads(batch, heads):
 
 def test_every_element_written_at_every_length():
     """Lengths that end mid-tile: elements past the length are not written, the rest are."""
-    for n in (8, 136, 264, 520, 1032, 2056, 4088, 4104, 8184):
+    for n in (8, 136, 264, 520, 1032, 2056, 4088, 4104, 8184, 8200, 16376):
         seeded("tail", n)
         u = torch.randn(3, 2, n, device="cuda", dtype=torch.bfloat16)
         k = make_filter(2, min(n, 64))
@@ -212,7 +212,7 @@ def test_non_default_stream():
 # ---- the spectrum ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fft_size", [512, 1024, 2048, 4096, 8192, 16384])
+@pytest.mark.parametrize("fft_size", [512, 1024, 2048, 4096, 8192, 16384, 32768])
 def test_filter_spectrum_is_the_rfft(fft_size):
     """The kernels take rfft(k, fft_size) as (H, fft_size / 2 + 1, 2) floats and build each
     position's K[f] (conj(K[L - f]) above L / 2) themselves."""

@@ -1,13 +1,14 @@
 """Small FFT convolutions for compute-sanitizer (memcheck / racecheck / synccheck).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        python3 tools/sanitize_fftconv.py
+        python3 tools/sanitize_fftconv.py [LENGTH ...]
 
 Calls torch.ops.tk.fftconv_fwd_sm80 (the convolution and, with the conjugate spectrum, the
 correlation) and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
 problem) at every kernel length, both dtypes, with and without gates, shorter inputs than the
-kernel length, and batches that leave a head's last pair half-used. Inputs and the float64
-references are made on the CPU. Exits non-zero on any mismatch.
+kernel length, and batches that leave a head's last pair half-used (the kernel lengths given on
+the command line only, if any). Inputs and the float64 references are made on the CPU. Exits
+non-zero on any mismatch.
 """
 
 import itertools
@@ -42,7 +43,8 @@ def relative(got, ref):
 def main() -> int:
     torch.manual_seed(0)
     failures = runs = 0
-    for length, dtype, gated, batch in itertools.product(plan.KERNEL_LENGTHS, DTYPES, (False, True), (1, 3)):
+    lengths = [int(arg) for arg in sys.argv[1:]] or plan.KERNEL_LENGTHS
+    for length, dtype, gated, batch in itertools.product(lengths, DTYPES, (False, True), (1, 3)):
         fft_size = 2 * length
         heads, n = 2, max(8, length - 40) // 8 * 8
         u = torch.randn(batch, heads, n).to(dtype)

@@ -18,13 +18,14 @@ auto with_config(int fft_size, F&& f) {
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
         case 4096: return f(ThreeFactor<T, 16>{});
         case 8192: return f(ThreeFactor<T, 32>{});
-        default: return f(ThreeFactorLarge<T, 64>{});
+        case 16384: return f(ThreeFactorLarge<T, 64>{});
+        default: return f(ThreeFactorLarge<T, 128>{});
     }
 }
 
 // The filter gradient's: as the forward's, but 8 warps per block from L = 8192, where 16 warps'
-// 128 registers each cannot hold the accumulated spectrum without spilling (at L = 16384 the
-// block holds half of a head's frequencies, as many tiles per warp as at 8192).
+// 128 registers each cannot hold the accumulated spectrum without spilling (from L = 16384 a
+// block holds a part of a head's frequencies, as many tiles per warp as at 8192).
 template <typename T, typename F>
 auto with_filter_grad_config(int fft_size, F&& f) {
     switch (fft_size) {
@@ -33,7 +34,8 @@ auto with_filter_grad_config(int fft_size, F&& f) {
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
         case 4096: return f(ThreeFactor<T, 16>{});
         case 8192: return f(ThreeFactor<T, 32, 8>{});
-        default: return f(ThreeFactorLarge<T, 64, 8>{});
+        case 16384: return f(ThreeFactorLarge<T, 64, 8>{});
+        default: return f(ThreeFactorLarge<T, 128, 8>{});
     }
 }
 

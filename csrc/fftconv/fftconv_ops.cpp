@@ -29,8 +29,8 @@ constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
 void check_fft_size(int64_t fft_size, const char* op) {
     TORCH_CHECK(fft_size > 0 && fft_size <= std::numeric_limits<int>::max() &&
                     decomposition(static_cast<int>(fft_size)).fft_size != 0,
-                op, "fft_size must be one of the kernel sizes 512, 1024, 2048, 4096, 8192, 16384 (twice the "
-                "kernel length 256 .. 8192), got ", fft_size);
+                op, "fft_size must be one of the kernel sizes 512, 1024, 2048, 4096, 8192, 16384, 32768 (twice "
+                "the kernel length 256 .. 16384), got ", fft_size);
 }
 
 void check_sequence_tensor(const at::Tensor& t, const char* name, const at::Tensor& u, const char* op) {
@@ -129,6 +129,12 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     p.y = y.mutable_data_ptr();
     const auto ys = kernel_strides<3>(y);
     p.y_stride_b = ys[0], p.y_stride_h = ys[1];
+    const int64_t workspace_bytes = fftconv_fwd_sm80_workspace_bytes(p.fft_size, p.heads);
+    at::Tensor workspace;  // the caching allocator's blocks are 512-byte aligned
+    if (workspace_bytes > 0) {
+        workspace = at::empty({workspace_bytes}, u.options().dtype(at::kByte));
+        p.workspace = workspace.mutable_data_ptr();
+    }
     check_launch(fftconv_fwd_sm80(p, current_stream(u)), kFwdOp);
     return y;
 }

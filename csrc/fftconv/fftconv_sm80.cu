@@ -33,6 +33,12 @@ auto forward_kernel() {
     else return two_factor_forward<T, C::R, C::Q, C::WARPS>;
 }
 
+template <typename C>
+constexpr int64_t workspace_bytes(int heads) {
+    if constexpr (reads_arranged_spectrum<C>) return int64_t(heads) * C::STORED * int64_t(sizeof(float2));
+    else return 0;
+}
+
 template <typename T>
 cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
     return with_config<T>(p.fft_size, [&](auto config) {
@@ -40,8 +46,17 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
         static_assert(matches_decomposition<C>());
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
         const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
-        return launch<T>(forward_kernel<C>(), C::THREADS, smem, forward_args<T>(p), p.multiprocessors,
-                         /*whole_heads=*/false, stream);
+        Args<T> a = forward_args<T>(p);
+        if constexpr (reads_arranged_spectrum<C>) {
+            if (p.workspace == nullptr) return cudaErrorInvalidValue;
+            constexpr int threads = 256;
+            const int64_t values = int64_t(p.heads) * C::STORED;
+            arrange_spectrum<C><<<unsigned((values + threads - 1) / threads), threads, 0, stream>>>(
+                a.spectrum, static_cast<float2*>(p.workspace), p.conjugate, p.heads);
+            if (cudaError_t e = cudaGetLastError()) return e;
+            a.arranged_spectrum = static_cast<const float4*>(p.workspace);
+        }
+        return launch<T>(forward_kernel<C>(), C::THREADS, smem, a, p.multiprocessors, /*whole_heads=*/false, stream);
     });
 }
 
@@ -54,6 +69,11 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate) {
         using C = decltype(config);
         return C::shared_bytes + (pregate ? C::pregate_bytes : 0);
     });
+}
+
+int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads) {
+    if (decomposition(fft_size).fft_size == 0) return 0;
+    return with_config<kt::bf16>(fft_size, [&](auto config) { return workspace_bytes<decltype(config)>(heads); });
 }
 
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream) {

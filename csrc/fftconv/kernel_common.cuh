@@ -24,6 +24,7 @@ struct Args {
     T* y;
     int64_t y_stride_b, y_stride_h;
     const float2* spectrum;  // (heads, L / 2 + 1): rfft(k, L)
+    const float4* arranged_spectrum;  // where a kernel reads it from global memory: arrange_spectrum's
     bool conjugate;
     const T* dy;             // filter gradient: the output's gradient, (batch, heads, seqlen)
     int64_t dy_stride_b, dy_stride_h;

@@ -32,6 +32,7 @@ constexpr Decomposition decomposition(int fft_size) {
         case 4096: return {4096, 16, 16, 16};
         case 8192: return {8192, 32, 16, 16};
         case 16384: return {16384, 64, 16, 16};
+        case 32768: return {32768, 128, 16, 16};
         default: return {0, 0, 0, 0};
     }
 }
@@ -55,6 +56,9 @@ struct ForwardParams {
     bool conjugate;         // multiply by conj(K): y[n] = sum_{m >= n} k[m - n] u[m] (pre/post-gated)
     void* y;                // (batch, heads, seqlen), same rules as u
     int64_t y_stride_b, y_stride_h;
+    // fftconv_fwd_sm80_workspace_bytes(fft_size, heads) bytes, 16-byte aligned (nullptr where
+    // that is 0): the spectrum arranged for a kernel that reads it from global memory.
+    void* workspace;
 
     int batch, heads;
     int seqlen;    // n: 1 <= n <= fft_size / 2, a multiple of 8
@@ -87,6 +91,9 @@ cudaError_t fftconv_filter_grad_sm80(const FilterGradParams& params, cudaStream_
 // pregate, and of the filter-gradient kernel; 0 for an fft_size without a kernel. More than a
 // device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin) means the kernel cannot run there.
 int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
+// Global memory (bytes) the forward needs beside its output for fft_size and `heads` (0 for most
+// sizes).
+int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads);
 int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
 
 }  // namespace tk::fftconv

@@ -149,6 +149,20 @@ struct F16 {
         kt::transpose_sep(b.re, a.re);
         kt::transpose_sep(b.im, a.im);
     }
+    // From a shared copy (store_f16's), for a kernel that loads it for each phase 2 rather than
+    // keep its 16 registers through the other phases.
+    template <typename ST>
+    __device__ __forceinline__ explicit F16(const ST (&shared)[2]) {
+        kt::load(a.re, shared[0]);
+        kt::load(a.im, shared[1]);
+        kt::load(b.re, shared[0]);  // ldmatrix.trans: F_16 is symmetric
+        kt::load(b.im, shared[1]);
+    }
+    template <typename ST>
+    __device__ __forceinline__ void store(ST (&shared)[2]) const {
+        kt::store(shared[0], a.re);
+        kt::store(shared[1], a.im);
+    }
 };
 
 // Phase 1 for columns (p, *): F1 and T1 of the pair's sequence x (re, im) into buf.

@@ -1,32 +1,36 @@
-// Three factors for the long FFTs: L = R x 16 x 16 with R = 64 (L = 16384, N = 8192), the steps
-// of three_factor.cuh (F1, T1; per k_r the 16 x 16 FFTs, the filter, and back; G1), laid out so
-// that a pair of sequences fits one block's shared memory:
+// Three factors for the long FFTs: L = R x 16 x 16 with R = 64 (L = 16384, N = 8192) and R = 128
+// (L = 32768, N = 16384), the steps of three_factor.cuh (F1, T1; per k_r the 16 x 16 FFTs, the
+// filter, and back; G1), laid out so that a pair of sequences fits one block's shared memory:
 //
-// - One buffer. The pair's frequency tiles (R x 256 complex 16-bit, 64 KiB) are also where its
-//   input lands and its output is staged: column p of the buffer (every k_r at that p) belongs to
-//   one warp in phases 1 and 3, so x[r, p, :] arrives in rows r < R/2 of column p (the pregate
-//   in rows R/2 .. R - 1), F1 reads the column into registers and overwrites it, and G1's result
-//   goes back into rows r < R/2 of the column on its way to global memory. The next pair's input
-//   is issued into a column as soon as its warp has stored the column's output. The cost: no
-//   prefetch of a whole pair ahead (a separate input stage, 32 KiB, and its pregate, would not
-//   fit beside the spectrum).
+// - One buffer. The pair's frequency tiles (R x 256 complex 16-bit: 64 KiB at R = 64, 128 KiB at
+//   R = 128) are also where its input lands and its output is staged: column p of the buffer
+//   (every k_r at that p) belongs to one warp in phases 1 and 3, so x[r, p, :] arrives in rows
+//   r < R/2 of column p (the pregate in rows R/2 .. R - 1), F1 reads the column into registers
+//   and overwrites it, and G1's result goes back into rows r < R/2 of the column on its way to
+//   global memory. The next pair's input is issued into a column as soon as its warp has stored
+//   the column's output. The cost: no prefetch of a whole pair ahead (a separate input stage,
+//   and its pregate, would not fit beside the spectrum).
 // - Half the spectrum. The filter is real, so K[L - f] = conj(K[f]); with f = k_r + R k_p +
 //   16 R k_q that maps tile k_r to tile R - k_r read backwards ((k_p, k_q) -> (15 - k_p,
-//   15 - k_q)). Tiles 0 .. R/2 are stored (66 KiB in fp32, in phase 2's fragment order); a tile
-//   past R/2 reads its mirror: in fragment order lane 31 - lane, register 3 - k, the pair's two
-//   values swapped, conjugated (cmul_mirrored), still 512 contiguous bytes per warp access.
-// - F1 and G1 a 16-row strip at a time. The R x R/2 DFT matrix (64 registers per lane for its
-//   real and imaginary parts at R = 64) is read from shared memory a strip per product, so
-//   phase 1 holds one input column and one 16 x 16 accumulator, phase 3 one 16-row chunk of
-//   the column and the R/2 x 16 result.
+//   15 - k_q)). Tiles 0 .. R/2 are kept, in phase 2's fragment order; a tile past R/2 reads its
+//   mirror: in fragment order lane 31 - lane, register 3 - k, the pair's two values swapped,
+//   conjugated (spectrum_value), still 512 contiguous bytes per warp access. At R = 64 they
+//   are gathered into shared memory (66 KiB in fp32) when the head changes; at R = 128 (133 KiB
+//   beside 128 KiB of tiles and 66 KiB of tables) a small kernel arranges them in global memory
+//   before the convolution (arrange_spectrum), and phase 2 reads a tile's values into registers
+//   from there (L2: a head's 133 KiB serve all of its pairs) before it transforms the tile.
+// - F1 and G1 a 16 x 16 block of the DFT matrix at a time. The R x R/2 DFT matrix (64 registers
+//   per lane for its real and imaginary parts at R = 64) is read from shared memory a block per
+//   product, so phase 1 holds one input column and one 16 x 16 accumulator, phase 3 one 16-row
+//   chunk of the column and the R/2 x 16 result.
 //
-// The filter gradient splits each head over two blocks by frequency (PARTS): block part c
-// transforms every pair of the head but computes and keeps only the k_r in [c R/2, (c + 1) R/2)
+// The filter gradient splits each head over R/32 blocks by frequency (PARTS): block part c
+// transforms every pair of the head but computes and keeps only the k_r in [32 c, 32 c + 32)
 // (F1's strips of those rows), accumulates their S = sum fft(dy) conj(fft(u)) in fp32 registers
 // (32 tiles over 8 warps: 64 registers, as the 8-warp N = 4096 kernel), and at the head's end
 // adds its part of G1's sum over k_r into grad (G1 is linear in the k_r; each part scales its
-// own S to 16 bits). A part's buffer has R/2 rows per column, exactly the input's, so the input
-// lands in it as in the forward.
+// own S to 16 bits). A part's buffer has R/2 rows per column, the input's, so the input lands in
+// it as in the forward (at R = 128 the part's tiles use half of them).
 #pragma once
 #include "fftconv/three_factor.cuh"
 
@@ -47,6 +51,13 @@ struct ThreeFactorLarge {
     static constexpr int P_PER_WARP = P / WARPS;   // phases 1 and 3: warp w owns p = w + WARPS j
     static constexpr int STORED_TILES = R / 2 + 1;  // spectrum tiles 0 .. R/2
     static constexpr int STORED = STORED_TILES * PQ;  // their complex values
+    // Where phase 2 reads them: shared memory, or global memory arranged by arrange_spectrum.
+    static constexpr bool SPECTRUM_IN_SHARED = R <= 64;
+    // At R = 128 the forward's 128 registers do not hold phases 1 and 3 (twice R = 64's
+    // accumulators and inputs) beside F_16's 16: it reloads F_16 from shared memory for each
+    // phase 2, and runs phase 2's k_r one at a time (unrolled, it spills).
+    static constexpr bool F16_FROM_SHARED = R > 64;
+    static constexpr int PHASE2_UNROLL = R <= 64 ? KR_PER_WARP : 1;
     using buffer = frequency_tiles<T, R>;
     using sub16 = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM>;
     using sub16_b = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>;
@@ -57,18 +68,24 @@ struct ThreeFactorLarge {
         float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
         float2 twiddle_p[R * P];         // w_L^(Q k_r p), row-major [k_r][p]
+        kt::st<T, kt::TILE_DIM, kt::TILE_DIM> f16[2];  // F_16 / 4 (re, im) where F16_FROM_SHARED
     };
 
-    struct Shared {
+    struct SharedWithSpectrum {
         buffer buf[2];                           // re, im; input and output staging too
         float4 spectrum[STORED / 2];             // tiles 0 .. R/2, phase 2's fragment order
         Tables tab;
     };
-    // Filter gradient: a block's part of the k_r.
-    static constexpr int PARTS = 2, PART_ROWS = R / PARTS, PART_STRIPS = PART_ROWS / kt::TILE_DIM;
+    struct SharedWithoutSpectrum {
+        buffer buf[2];
+        Tables tab;
+    };
+    using Shared = std::conditional_t<SPECTRUM_IN_SHARED, SharedWithSpectrum, SharedWithoutSpectrum>;
+    // Filter gradient: a block's part of the k_r, 32 of them.
+    static constexpr int PART_ROWS = 32, PARTS = R / PART_ROWS, PART_STRIPS = PART_ROWS / kt::TILE_DIM;
     static constexpr int KR_PART_PER_WARP = PART_ROWS / WARPS;
-    static_assert(PART_ROWS == XR && PART_ROWS % WARPS == 0);
-    using part_buffer = frequency_tiles<T, PART_ROWS>;
+    static_assert(PART_ROWS <= XR && PART_ROWS % WARPS == 0);
+    using part_buffer = frequency_tiles<T, XR>;  // the input's rows; the part's tiles in the first PART_ROWS
     struct GradShared {
         part_buffer bu[2], bd[2];  // u's and dy's tiles of the part (re, im); their inputs too
         Tables tab;
@@ -81,6 +98,10 @@ struct ThreeFactorLarge {
 
 template <typename C>
 inline constexpr bool is_large = requires { requires C::LARGE; };
+
+// Whether C's forward reads the spectrum arranged in global memory (arrange_spectrum).
+template <typename C>
+inline constexpr bool reads_arranged_spectrum = requires { requires !C::SPECTRUM_IN_SHARED; };
 
 __device__ __forceinline__ uint4 load_shared_16(uint32_t address) {
     uint4 v;
@@ -154,26 +175,46 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
     });
 }
 
-// acc *= K at tile kr > R/2: the stored tile R - kr (`mirror`) read backwards and conjugated
-// (see the top of this file).
-template <typename RT>
-__device__ __forceinline__ void cmul_mirrored(complex_tile<RT>& a, const float4* mirror) {
-    static_assert(std::same_as<typename RT::dtype, float> && RT::height == 1 && RT::width == 1);
+// K at spectrum tile kr for register k of this lane's fragment of a 16 x 16 accumulator: (re,
+// im, re, im) of its two columns. `load(i)` reads float4 i of the stored tiles 0 .. R/2 (phase
+// 2's order); a tile past R/2 is the stored tile R - kr read backwards and conjugated (see the
+// top of this file).
+template <typename C, typename Load>
+__device__ __forceinline__ float4 spectrum_value(int kr, int k, Load&& load) {
     const int lane = kt::lane_id();
+    if (kr <= C::R / 2) return load((kr * 4 + k) * kt::WARP_THREADS + lane);
+    const float4 m = load(((C::R - kr) * 4 + 3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane));
+    return make_float4(m.z, -m.w, m.x, -m.y);  // columns c, c + 1
+}
+
+// acc *= K at tile kr, element-wise; value(k) gives spectrum_value's float4 for register k.
+template <typename RT, typename Value>
+__device__ __forceinline__ void multiply_spectrum(complex_tile<RT>& a, Value&& value) {
+    static_assert(std::same_as<typename RT::dtype, float> && RT::height == 1 && RT::width == 1);
     kt::for_each_pair(a.re, [&](int, int, int k, float2& ar) {
         float2& ai = a.im.tiles[0][0].data[k];
-        const float4 w = mirror[(3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane)];
-        const float2 w0 = make_float2(w.z, -w.w), w1 = make_float2(w.x, -w.y);  // columns c, c + 1
+        const float4 w = value(k);
         const float2 r = ar, m = ai;
-        ar = make_float2(fmaf(r.x, w0.x, -m.x * w0.y), fmaf(r.y, w1.x, -m.y * w1.y));
-        ai = make_float2(fmaf(r.x, w0.y, m.x * w0.x), fmaf(r.y, w1.y, m.y * w1.x));
+        ar = make_float2(fmaf(r.x, w.x, -m.x * w.y), fmaf(r.y, w.z, -m.y * w.w));
+        ai = make_float2(fmaf(r.x, w.y, m.x * w.x), fmaf(r.y, w.w, m.y * w.z));
     });
 }
 
+// The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, each K[f] from
+// K[min(f, L - f)] with its sign fixed (conj above L/2, conj everywhere for the correlation):
+// `arranged` (heads, STORED) complex, for the kernels that read it from global memory. One
+// thread per value; a head's rfft row (L/2 + 1 values) is read while it sits in L2.
 template <typename C>
-__device__ __forceinline__ void multiply_spectrum(complex_tile<typename C::acc16>& acc, const float4* spectrum, int kr) {
-    if (kr <= C::R / 2) cmul_fragments(acc, spectrum + kr * (C::PQ / 2));
-    else cmul_mirrored(acc, spectrum + (C::R - kr) * (C::PQ / 2));
+__global__ void arrange_spectrum(const float2* __restrict__ spectrum, float2* __restrict__ arranged, bool conjugate,
+                                 int heads) {
+    constexpr int L = C::L, STORED = C::STORED;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= int64_t(heads) * STORED) return;
+    const int64_t h = i / STORED;
+    const int f = spectrum_frequency<C>(int(i - h * STORED));
+    float2 v = __ldg(spectrum + h * (L / 2 + 1) + (f > L / 2 ? L - f : f));
+    if ((f > L / 2) != conjugate) v.y = -v.y;
+    arranged[i] = v;
 }
 
 // Phase 1 for column p: F1 and T1 of the input in rows r < R/2 of the column, for the k_r of
@@ -194,13 +235,21 @@ __device__ __forceinline__ void phase1_strips(typename C::Tables& tab, Buf (&buf
 #pragma unroll
     for (int s = 0; s < STRIPS; s++) {
         const int strip = first_strip + s;
-        complex_tile<kt::rt<T, kt::TILE_DIM, XR>> a1;  // F_R[k_r, r] / sqrt(R), this strip's k_r
-        kt::load(a1.re, kt::subtile<kt::TILE_DIM, XR>(tab.fr[0], strip, 0));
-        kt::load(a1.im, kt::subtile<kt::TILE_DIM, XR>(tab.fr[1], strip, 0));
         complex_tile<typename C::acc16> acc;
         kt::zero(acc.re);
         kt::zero(acc.im);
-        cmma(acc, a1, xb, x_neg);
+#pragma unroll
+        for (int c = 0; c < XR / kt::TILE_DIM; c++) {  // 16 r at a time: the strip's F_R whole is 32 registers
+            complex_tile<typename C::sub16> a1;  // F_R[k_r, r] / sqrt(R), this strip's k_r, these r
+            kt::load(a1.re, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(tab.fr[0], strip, c));
+            kt::load(a1.im, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(tab.fr[1], strip, c));
+            complex_tile<typename C::sub16_b> x;
+            typename C::sub16_b neg;
+            x.re.tiles[0][0] = xb.re.tiles[c][0];
+            x.im.tiles[0][0] = xb.im.tiles[c][0];
+            neg.tiles[0][0] = x_neg.tiles[c][0];
+            cmma(acc, a1, x, neg);
+        }
         // T1 = w_L^(k_r q) w_L^(16 k_r p), as phase1 in three_factor.cuh.
         kt::for_each_pair(acc.re, [&](int, int, int k, float2& v_re) {
             float2& v_im = acc.im.tiles[0][0].data[k];
@@ -236,10 +285,18 @@ __device__ __forceinline__ void phase3_chunks(complex_tile<typename C::column_ac
         load_from(ub.re, [&](int row, int col) { return re + Buf::offset(c * kt::TILE_DIM + row, p, col); });
         load_from(ub.im, [&](int row, int col) { return im + Buf::offset(c * kt::TILE_DIM + row, p, col); });
         negate(ub_neg, ub.re);
-        complex_tile<kt::rt<T, kt::TILE_DIM, XR, kt::col_l>> g1;  // K = k_r, M = r
-        kt::load(g1.re, kt::subtile<kt::TILE_DIM, XR>(tab.fr[0], first_strip + c, 0));
-        kt::load(g1.im, kt::subtile<kt::TILE_DIM, XR>(tab.fr[1], first_strip + c, 0));
-        cmma_conj_a(acc, g1, ub, ub_neg);
+#pragma unroll
+        for (int m = 0; m < XR / kt::TILE_DIM; m++) {  // 16 r at a time: the chunk's F_R whole is 32 registers
+            complex_tile<kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>> g1;  // K = k_r, M = r
+            kt::load(g1.re, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(tab.fr[0], first_strip + c, m));
+            kt::load(g1.im, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(tab.fr[1], first_strip + c, m));
+            complex_tile<typename C::acc16> rows;  // acc's rows 16 m .. 16 m + 15
+            rows.re.tiles[0][0] = acc.re.tiles[m][0];
+            rows.im.tiles[0][0] = acc.im.tiles[m][0];
+            cmma_conj_a(rows, g1, ub, ub_neg);
+            acc.re.tiles[m][0] = rows.re.tiles[0][0];
+            acc.im.tiles[m][0] = rows.im.tiles[0][0];
+        }
     }
 }
 
@@ -268,20 +325,26 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
 #pragma unroll
     for (int jp = 0; jp < C::P_PER_WARP; jp++) load_column(tasks.first, warp + WARPS * jp);
     kt::cp_async_commit();
-    gather_spectrum_async<C, T, STORED>(s.spectrum, a, tasks.first / a.pairs, thread);
-    kt::cp_async_commit();
-    bool spectrum_pending = true;  // a gather in flight, its signs not fixed
+    bool spectrum_pending = false;  // a gather in flight, its signs not fixed
+    if constexpr (C::SPECTRUM_IN_SHARED) {
+        gather_spectrum_async<C, T, STORED>(s.spectrum, a, tasks.first / a.pairs, thread);
+        kt::cp_async_commit();
+        spectrum_pending = true;
+    }
     init_tables<C>(s.tab, thread);
-    const F16<C> f16;
+    const F16<C> f16_kept;  // in registers through the task loop unless F16_FROM_SHARED
+    if (C::F16_FROM_SHARED && warp == 0) f16_kept.store(s.tab.f16);
     __syncthreads();  // the tables
 
     for (int t = tasks.first; t < tasks.last; t++) {
         const int h = t / a.pairs, pair = t - h * a.pairs;
         // In flight: this thread's chunks of task t's input, and the spectrum if the head changed.
         kt::cp_async_wait<0>();
-        if (spectrum_pending) {
-            fix_spectrum_signs<C, STORED>(s.spectrum, a.conjugate, thread);
-            spectrum_pending = false;
+        if constexpr (C::SPECTRUM_IN_SHARED) {
+            if (spectrum_pending) {
+                fix_spectrum_signs<C, STORED>(s.spectrum, a.conjugate, thread);
+                spectrum_pending = false;
+            }
         }
         if (gated) {
 #pragma unroll
@@ -292,22 +355,36 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
         for (int jp = 0; jp < C::P_PER_WARP; jp++) phase1_strips<C, C::STRIPS>(s.tab, s.buf, warp + WARPS * jp, 0);
         __syncthreads();  // every column's F1; the spectrum's signs
 
-#pragma unroll
+        const F16<C> f16 = C::F16_FROM_SHARED ? F16<C>(s.tab.f16) : f16_kept;
+#pragma unroll C::PHASE2_UNROLL
         for (int j = 0; j < C::KR_PER_WARP; j++) {
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> acc;
-            tile_forward<C>(acc, f16, s.tab, s.buf, kr);
-            multiply_spectrum<C>(acc, s.spectrum, kr);  // times the filter's spectrum
+            if constexpr (C::SPECTRUM_IN_SHARED) {  // times the filter's spectrum
+                tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+                multiply_spectrum(acc, [&](int k) {
+                    return spectrum_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
+                });
+            } else {  // from L2: loaded before the transform, whose work covers the latency
+                const float4* head = a.arranged_spectrum + int64_t(h) * (STORED / 2);
+                float4 k_values[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) k_values[k] = spectrum_value<C>(kr, k, [&](int i) { return __ldg(head + i); });
+                tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+                multiply_spectrum(acc, [&](int k) { return k_values[k]; });
+            }
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
             tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
         }
         __syncthreads();  // every tile back in the buffer; the spectrum free
-        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
-            gather_spectrum_async<C, T, STORED>(s.spectrum, a, h + 1, thread);
-            kt::cp_async_commit();
-            spectrum_pending = true;
+        if constexpr (C::SPECTRUM_IN_SHARED) {
+            if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
+                gather_spectrum_async<C, T, STORED>(s.spectrum, a, h + 1, thread);
+                kt::cp_async_commit();
+                spectrum_pending = true;
+            }
         }
 
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);

@@ -36,7 +36,7 @@ from .notes import note
 from .tolerance import assert_close, assert_nonfinite_match, record, untouched
 
 EDGE_LENGTHS = (1, 2, 7, 8, 9, 255, 256, 257, 1000, 1024, 4095, 4096, 4097, 8191, 8192, 8200,
-                12288, 16384, 16400, 32768, 32769)
+                12288, 16383, 16384, 16400, 32768, 32800, 65536, 65537)
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # (relative L2, max relative to max|ref|) in units of eps, from the fixed tests' docstrings.
 KERNEL_BOUNDS = {"output": (2.0, 4.0), "gate": (4.0, 8.0), "filter": (3.0, 4.0)}
@@ -107,8 +107,8 @@ def fftconv_cases(draw, profile, env: Environment):
 def coverage_cases() -> list[FFTConvCase]:
     """Cases every run of the property includes: the kernel at an odd length (padded), a short
     filter in u's dtype, every gate, strided and copied views, the module's cached spectrum,
-    gradients of u, k and both gates, the longest kernel (N = 8192, with gradients), blocks of it
-    (N = 16400: three, N = 32768: four), and torch.fft past the longest (N = 32769) and for
+    gradients of u, k and both gates, the longest kernel (N = 16384, with gradients), blocks of it
+    (N = 32800: three, N = 65536: four), and torch.fft past the longest (N = 65537) and for
     float32."""
     base = FFTConvCase(batch=2, heads=3, length=300, filter_length=300, dtype=torch.bfloat16,
                        filter_dtype=torch.float32, gates="none", grad=(False,) * 4,
@@ -121,12 +121,12 @@ def coverage_cases() -> list[FFTConvCase]:
         replace(base, gates="pre", layout="bnh", module=True, seed=3),
         replace(base, gates="both", grad=(True, True, True, True), length=129, filter_length=50,
                 layout="offset", seed=4),
-        replace(base, batch=3, heads=2, length=8192, filter_length=8192, gates="both",
+        replace(base, batch=3, heads=2, length=16384, filter_length=16384, gates="both",
                 grad=(True, True, True, True), seed=9),
-        replace(base, batch=1, heads=1, length=16400, filter_length=10000, gates="post",
+        replace(base, batch=1, heads=1, length=32800, filter_length=20000, gates="post",
                 grad=(True, True, False, True), seed=5),
-        replace(base, batch=1, heads=2, length=32768, filter_length=32768, dtype=torch.float16, seed=6),
-        replace(base, batch=1, heads=1, length=32769, filter_length=3, seed=7),
+        replace(base, batch=1, heads=2, length=65536, filter_length=65536, dtype=torch.float16, seed=6),
+        replace(base, batch=1, heads=1, length=65537, filter_length=3, seed=7),
         replace(base, dtype=torch.float32, gates="pre", grad=(True, True, True, False), seed=8),
     ]
 
