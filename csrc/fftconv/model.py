@@ -17,11 +17,11 @@ import torch
 
 # Kernel length N -> the factorisation of the FFT of length 2N (params.h, decomposition()).
 CONFIGS = {256: (32, 1, 16), 512: (32, 1, 32), 1024: (64, 1, 32), 2048: (16, 16, 16), 4096: (32, 16, 16),
-           8192: (64, 16, 16)}
+           8192: (64, 16, 16), 16384: (128, 16, 16)}
 # Kernel lengths whose filter gradient splits each head's frequencies k_r over this many blocks,
 # each scaling its part of the accumulated spectrum to 16 bits by its own power of two
 # (three_factor_large.cuh).
-FILTER_GRAD_PARTS = {8192: 2}
+FILTER_GRAD_PARTS = {8192: 2, 16384: 4}
 
 
 def rnd(x, dtype):
