@@ -174,11 +174,33 @@ def test_kernel_path_fallback_reasons(cpu_fftconv):
 
 
 def test_shared_memory_limit_sends_the_call_to_torch_fft(cpu_fftconv, monkeypatch):
-    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 64 * 1024))
+    """No kernel fits the GPU's shared memory per block: torch.fft, with the reason."""
+    smallest = min(plan.FFTCONV_SHARED_BYTES[2 * plan.KERNEL_LENGTHS[0]])
+    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: smallest - 1))
     u, k, pre, _ = make(n=2048, nk=8, dtype=torch.bfloat16, gates=True)
     assert "needs" in str(tk.explain_fftconv(u, k, pre)) and "bytes of shared memory" in str(tk.explain_fftconv(u, k, pre))
     tk.fftconv(u, k, pre)
     assert cpu_fftconv.calls == []
+
+
+@pytest.mark.parametrize("gates", [False, True])
+def test_shared_memory_limit_takes_the_kernels_that_fit(cpu_fftconv, monkeypatch, gates):
+    """Some kernels fit, the one for u's length does not: blocks of the longest that fits (or its
+    next length that fits), never a kernel larger than the GPU's blocks can hold."""
+    available = 64 * 1024
+    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: available))
+    u, k, pre, post = make(b=1, h=2, n=4096, nk=4096, dtype=torch.bfloat16, gates=gates)
+    fits = [n for n in plan.KERNEL_LENGTHS if plan.FFTCONV_SHARED_BYTES[2 * n][int(gates)] <= available]
+    assert fits and fits[-1] < 4096, "the premise: some kernels fit, the one for N = 4096 does not"
+    blocks = -(-4096 // fits[-1])
+    assert str(tk.explain_fftconv(u, k, pre, post)).endswith(
+        f"n=4096 fft={2 * fits[-1]}" + (f" blocks={blocks}" if blocks > 1 else "") + (" pregate+postgate" if gates else ""))
+    with tk.strict():
+        y = tk.fftconv(u, k, pre, post)
+    assert cpu_fftconv.calls and all(call["fft_size"] <= 2 * fits[-1] for call in cpu_fftconv.calls)
+    expected = reference.causal_conv(u.double(), k.double(), None if pre is None else pre.double(),
+                                     None if post is None else post.double())
+    assert (y.double() - expected).norm() <= 2 * 2.0**-8 * expected.norm()
 
 
 @pytest.mark.parametrize("gates", [False, True])

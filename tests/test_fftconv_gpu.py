@@ -8,10 +8,11 @@ changes), torch.compile, CUDA-graph capture, a non-default stream, and batch * h
 
 On a GPU of sm_80 or newer with the fftconv family built (for this GPU), a call these tests
 expect on the kernel that would not take it FAILS (the explain check, and tk.strict()); the module
-skips only without such a GPU or build. The one legitimate exception is a kernel whose shared
-memory this GPU cannot give a block (on GPUs with less than Hopper's 227 KiB per block: N = 4096
-with a pregate on sm_80, N = 8192, 4096 and 2048-with-a-pregate on sm_86/89): there the tests
-expect explain's shared-memory reason and check the torch.fft answer instead.
+skips only without such a GPU or build. A GPU with less than Hopper's 227 KiB of shared memory per
+block runs the kernel lengths whose kernels fit it (N = 16384 and 4096-with-a-pregate do not on
+sm_80; N >= 2048 with a pregate and N >= 4096 do not on sm_86/89): a length between them takes the
+next one that fits, a longer one blocks of the longest that fits, and the tests expect exactly
+that (or, where none fits, explain's shared-memory reason and the torch.fft answer).
 
 Tolerance (the rule of tests/test_fftconv_kernel_gpu.py): eps = 2^-8 (bf16) or 2^-11 (fp16), the
 unit roundoff of the 16-bit type. With y_ref the float64 causal convolution of the same 16-bit
@@ -82,23 +83,32 @@ def test_the_kernel_lengths():
 # ---- the kernel path -------------------------------------------------------------------------
 
 
-def fft_size_for(n):
-    """The FFT size of the kernel a length-n call runs (its blocks' past the longest kernel)."""
-    return 2 * min(kernel_length(n), KERNEL_LENGTHS[-1])
+def device_lengths(u, pregate):
+    """The kernel lengths this GPU runs: those whose kernel (with a pregate when there is one)
+    fits its shared memory per block (the sizes are the C++ side's, _C.fftconv_shared_bytes)."""
+    available = torch.cuda.get_device_properties(u.device).shared_memory_per_block_optin
+    return [n for n in KERNEL_LENGTHS if _extension.FFTCONV_SHARED_BYTES[2 * n][pregate is not None] <= available]
+
+
+def fft_size_for(u, pregate=None):
+    """The FFT size of the kernel u's call runs (its blocks' past the longest kernel)."""
+    lengths = device_lengths(u, pregate)
+    return 2 * next((m for m in lengths if m >= kernel_length(u.shape[-1])), lengths[-1])
 
 
 def kernel_fits(u, pregate):
-    """Whether this GPU gives a block the shared memory of the kernel for u's length (the sizes
-    are the C++ side's, from _C.fftconv_shared_bytes)."""
-    needed = _extension.FFTCONV_SHARED_BYTES[fft_size_for(u.shape[-1])][pregate is not None]
-    return needed <= torch.cuda.get_device_properties(u.device).shared_memory_per_block_optin
+    """Whether this GPU runs u's call on the kernels (some kernel fits it, and u is at most 4
+    blocks of the longest that does)."""
+    lengths = device_lengths(u, pregate)
+    return bool(lengths) and u.shape[-1] <= 4 * lengths[-1]
 
 
 def kernel_plan_text(u, pregate=None, postgate=None, copies=()):
     n = u.shape[-1]
-    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={fft_size_for(n)}"]
-    if n > KERNEL_LENGTHS[-1]:
-        parts.append(f"blocks={-(-n // KERNEL_LENGTHS[-1])}")
+    longest = device_lengths(u, pregate)[-1]
+    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={fft_size_for(u, pregate)}"]
+    if n > longest:
+        parts.append(f"blocks={-(-n // longest)}")
     gates = "+".join(name for name, gate in (("pregate", pregate), ("postgate", postgate)) if gate is not None)
     if gates:
         parts.append(gates)
@@ -275,8 +285,8 @@ def test_lengths_past_the_blocks_go_to_torch_fft(n):
     seeded("long", n)
     u = torch.randn(1, 2, n, device="cuda", dtype=torch.bfloat16)
     k = make_filter(2, n)
-    reason = (f"length {n} is longer than the kernels' longest, {MAX_LENGTH} "
-              f"(4 blocks of {KERNEL_LENGTHS[-1]})")
+    longest = device_lengths(u, None)[-1]  # the longest kernel this GPU runs (all of them on Hopper)
+    reason = f"length {n} is longer than the kernels' longest, {4 * longest} (4 blocks of {longest})"
     plan = tk.explain_fftconv(u, k)
     assert not plan.uses_kernel and str(plan) == f"fallback torch.fft: {reason}"
     with tk.strict(), pytest.raises(tk.FallbackError, match=re.escape(reason)):

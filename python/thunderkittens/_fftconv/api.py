@@ -38,7 +38,8 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
     Runs our tensor-core kernel (sm_80 or newer GPUs, Hopper included) for bfloat16/float16 u
     with N up to the longest kernel (see thunderkittens.explain_fftconv), zero-padding N up to
     the next kernel length inside the op, and longer N up to 4 times that as blocks of the
-    longest kernel (several kernel calls); float32/float64 u, longer N and CPU tensors are
+    longest kernel (several kernel calls; on a GPU without the shared memory of the longest
+    kernels, of the longest that fits); float32/float64 u, longer N and CPU tensors are
     computed with torch.fft in float32 (float64 for float64). Gradients of u, k and both gates
     flow on both paths: on the kernel path all of them run on the tensor-core kernels (the
     gradient of u is the correlation with k, the forward kernel with the conjugate spectrum; the
@@ -52,8 +53,9 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
     n = u.shape[-1]
     length = _padded_length(n)
     u, pregate, postgate = (_padded(t, length) for t in (u, pregate, postgate))
-    if plan.block_count(length) > 1:
-        y = blocks.block_conv(u, k, pregate, postgate, plan.KERNEL_LENGTHS)
+    lengths = plan.device_lengths(u, pregate)
+    if plan.block_count(length, lengths) > 1:
+        y = blocks.block_conv(u, k, pregate, postgate, lengths)
     else:
         y = fftconv_op(u, k, pregate, postgate, fft_size)
     return y[..., :n] if length != n else y
@@ -102,7 +104,7 @@ class FFTConv(torch.nn.Module):
         if needs_grad or torch.compiler.is_compiling():
             return fftconv(u, k, pregate, postgate)
         family, fft_size, reason = plan.decide(u, k, pregate, postgate)
-        if family is None or plan.block_count(u.shape[-1]) > 1:  # no spectrum of its own to keep
+        if family is None or plan.block_count(u.shape[-1], plan.device_lengths(u, pregate)) > 1:  # no spectrum of its own to keep
             return fftconv(u, k, pregate, postgate)
         key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None

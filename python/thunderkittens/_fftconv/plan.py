@@ -3,8 +3,10 @@ and the FFTConvPlan that explain_fftconv() returns.
 
 The kernels take u in bfloat16/float16 of length N up to the largest kernel size (the causal
 FFT has twice that length), zero-padding N up to the next kernel size (a causal convolution's
-first N outputs do not see the padding); longer N, up to MAX_LENGTH, as blocks of the largest
-kernel size (blocks.py). Every decision reads only shapes, dtypes, devices and
+first N outputs do not see the padding); longer N, up to MAX_BLOCKS times it, as blocks of the
+largest kernel size (blocks.py). A GPU runs the kernel lengths whose kernels fit its shared
+memory per block (device_lengths): on one with less than the longest kernel needs, the longest
+that fits takes that role. Every decision reads only shapes, dtypes, devices and
 configuration, never tensor data (see _scaffold).
 """
 
@@ -30,7 +32,7 @@ LENGTH_MULTIPLE = 8
 #: Longer sequences are blocks of the longest kernel length (blocks.py), up to this many: P
 #: blocks cost P^2 kernel calls.
 MAX_BLOCKS = 4
-#: The longest N on the kernels.
+#: The longest N on the kernels (on a GPU that has the shared memory of every kernel).
 MAX_LENGTH = KERNEL_LENGTHS[-1] * MAX_BLOCKS if KERNEL_LENGTHS else 0
 
 
@@ -55,22 +57,31 @@ class FFTConvPlan(Plan):
         return parts
 
 
-def kernel_length(length: int) -> int | None:
-    """The kernel length a sequence of `length` runs on (its blocks' for long ones), or None."""
-    for size in KERNEL_LENGTHS:
+def kernel_length(length: int, lengths: tuple[int, ...] = KERNEL_LENGTHS) -> int | None:
+    """The kernel length (of `lengths`, those a GPU runs) a sequence of `length` runs on (its
+    blocks' for long ones), or None."""
+    for size in lengths:
         if size >= length:
             return size
-    return KERNEL_LENGTHS[-1] if length <= MAX_LENGTH else None
+    return lengths[-1] if lengths and length <= lengths[-1] * MAX_BLOCKS else None
 
 
-def block_count(length: int) -> int:
-    """How many blocks of the longest kernel length a sequence of `length` is computed as."""
-    return 1 if length <= KERNEL_LENGTHS[-1] else -(-length // KERNEL_LENGTHS[-1])
+def block_count(length: int, lengths: tuple[int, ...] = KERNEL_LENGTHS) -> int:
+    """How many blocks of the longest of `lengths` a sequence of `length` is computed as."""
+    return 1 if length <= lengths[-1] else -(-length // lengths[-1])
 
 
 @torch.compiler.assume_constant_result
 def _shared_memory_optin(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def device_lengths(u, pregate) -> tuple[int, ...]:
+    """The kernel lengths whose forward kernel (with a pregate when one is given) fits the shared
+    memory per block of u's GPU."""
+    available = _shared_memory_optin(u.device.index)
+    gated = 0 if pregate is None else 1
+    return tuple(n for n in KERNEL_LENGTHS if FFTCONV_SHARED_BYTES[2 * n][gated] <= available)
 
 
 def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, str | None]:
@@ -82,18 +93,19 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
     family, reason = _scaffold.choose_family("fftconv", u.device)
     if family is None:
         return None, None, reason
-    length = kernel_length(u.shape[-1])
-    if length is None:
-        return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, {MAX_LENGTH} "
-                            f"({MAX_BLOCKS} blocks of {KERNEL_LENGTHS[-1]})")
-    fft_size = 2 * length
-    needed = FFTCONV_SHARED_BYTES[fft_size][0 if pregate is None else 1]
-    available = _shared_memory_optin(u.device.index)
-    if needed > available:
-        return None, None, (f"{_scaffold.forced_prefix(family)}the kernel for length {length}"
+    lengths = device_lengths(u, pregate)
+    if not lengths:
+        shortest = KERNEL_LENGTHS[0]
+        needed = FFTCONV_SHARED_BYTES[2 * shortest][0 if pregate is None else 1]
+        return None, None, (f"{_scaffold.forced_prefix(family)}the kernel for length {shortest}"
                             f"{' with a pregate' if pregate is not None else ''} needs {needed} bytes "
-                            f"of shared memory per block, this GPU has {available}")
-    return family, fft_size, None
+                            f"of shared memory per block, this GPU has {_shared_memory_optin(u.device.index)}")
+    length = kernel_length(u.shape[-1], lengths)
+    if length is None:
+        longest = lengths[-1] * MAX_BLOCKS
+        return None, None, (f"length {u.shape[-1]} is longer than the kernels' longest, {longest} "
+                            f"({MAX_BLOCKS} blocks of {lengths[-1]})")
+    return family, 2 * length, None
 
 
 def filter_grad_fits(u, fft_size: int) -> bool:
@@ -111,4 +123,4 @@ def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
                        op=f"tk.{family.op_name}" if family else None, dtype=u.dtype,
                        copies=copies if family else (), strict=_config.strict_enabled(),
                        length=int(u.shape[-1]), fft_size=fft_size, gates=gates,
-                       blocks=block_count(int(u.shape[-1])) if family else 1)
+                       blocks=block_count(int(u.shape[-1]), device_lengths(u, pregate)) if family else 1)
