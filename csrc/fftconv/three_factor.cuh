@@ -364,8 +364,9 @@ __device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate,
     }
 }
 
+// 16 warps per SM at 128 registers each: one block of 16 or two of 8.
 template <typename T, int R, int WARPS>
-__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
+__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
     using C = ThreeFactor<T, R, WARPS>;
     static_assert(spectrum_order_is_a_permutation<C>());
