@@ -97,6 +97,21 @@ __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool
     return v;
 }
 
+// ---- a task's inputs --------------------------------------------------------------------------
+
+// cp.async of task t's pair of input sequences into x[0] (re), x[1] (im), and of its pregate's
+// into pre[0], pre[1] when pre is given (nullptr: no pregate): a forward kernel's stage loads.
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, const Args<T>& a, int t, int thread) {
+    const int h = t / a.pairs, pair = t - h * a.pairs;
+    const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
+    for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], u.seq[j], a.seqlen, a.u, thread);
+    if (pre != nullptr) {
+        const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
+        for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(pre[j], g.seq[j], a.seqlen, a.u, thread);
+    }
+}
+
 // ---- gates ------------------------------------------------------------------------------------
 
 // acc *= postgate at the tile's elements: element (row, col) of `acc` is sequence element
@@ -133,6 +148,20 @@ __device__ __forceinline__ void cmac_conj(complex_tile<RT>& s, const complex_til
         sr.y = fmaf(dr.y, ur.y, fmaf(di.y, ui.y, sr.y));
         si.x = fmaf(di.x, ur.x, fmaf(-dr.x, ui.x, si.x));
         si.y = fmaf(di.y, ur.y, fmaf(-dr.y, ui.y, si.y));
+    });
+}
+
+// grad[n] += scale * re at the tile's elements, element (row, col) being sequence element
+// element_of(row, col) (-1 for none); elements at or past seqlen are left. seqlen is even, so an
+// element pair is wholly inside or wholly past it.
+template <typename RT, typename Element>
+__device__ __forceinline__ void add_to_grad(float* grad, const RT& re, float scale, int seqlen, Element&& element_of) {
+    kt::for_each_pair(re, [&](int i, int j, int k, const float2& v) {
+        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, 0), j * kt::TILE_DIM + RT::col_in_base(k, 0));
+        if (n >= 0 && n < seqlen) {
+            atomicAdd(grad + n, v.x * scale);
+            atomicAdd(grad + n + 1, v.y * scale);
+        }
     });
 }
 

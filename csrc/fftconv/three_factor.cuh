@@ -381,14 +381,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     if (tasks.first >= tasks.last) return;
 
     auto issue_loads = [&](int t, int stage) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
-        auto& st = s.stage[stage];
-        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
-        for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
-        if (pre != nullptr) {
-            const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
-            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*pre)[stage][j], g.seq[j], a.seqlen, a.u, thread);
-        }
+        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
     };
     // Groups in flight are always [task t's input][the spectrum] or [task t's input]: the first
     // head's spectrum follows the first task's input.
@@ -555,14 +548,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
             const int p = warp + WARPS * jp;
             complex_tile<typename C::column_acc> acc;
             phase3<C>(acc, s.tab, s.bu, p);
-            kt::for_each_pair(acc.re, [&](int ti, int, int k, const float2& re) {
-                const int row = ti * kt::TILE_DIM + C::column_acc::row_in_base(k, 0);
-                const int n = row * PQ + Q * p + C::column_acc::col_in_base(k, 0);
-                if (row < HALF && n < a.seqlen) {  // seqlen is even: n + 1 too
-                    atomicAdd(grad + n, re.x * out_scale);
-                    atomicAdd(grad + n + 1, re.y * out_scale);
-                }
-            });
+            add_to_grad(grad, acc.re, out_scale, a.seqlen,
+                        [&](int row, int col) { return row < HALF ? row * PQ + Q * p + col : -1; });
         }
     }
     kt::cp_async_wait<0>();

@@ -494,14 +494,7 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
             const int p = warp + WARPS * jp;
             complex_tile<typename C::column_acc> acc;
             phase3_chunks<C, PART_STRIPS>(acc, s.tab, s.bu, p, part * PART_STRIPS);
-            kt::for_each_pair(acc.re, [&](int ti, int, int k, const float2& re) {
-                const int row = ti * kt::TILE_DIM + C::column_acc::row_in_base(k, 0);
-                const int n = row * PQ + Q * p + C::column_acc::col_in_base(k, 0);
-                if (n < a.seqlen) {  // seqlen is even: n + 1 too
-                    atomicAdd(grad + n, re.x * out_scale);
-                    atomicAdd(grad + n + 1, re.y * out_scale);
-                }
-            });
+            add_to_grad(grad, acc.re, out_scale, a.seqlen, [&](int row, int col) { return row * PQ + Q * p + col; });
         }
         __syncwarp();  // the warp's reads of its columns are done before the next input lands
         if (t + 1 < tasks.last) issue_loads(t + 1);

@@ -193,14 +193,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 
     // Task t's inputs into stage `stage`.
     auto issue_loads = [&](int t, int stage) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
-        auto& st = s.stage[stage];
-        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
-        for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
-        if (pre != nullptr) {
-            const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
-            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*pre)[stage][j], g.seq[j], a.seqlen, a.u, thread);
-        }
+        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
     };
     load_spectrum_async<THREADS, L>(s.spectrum, a, tasks.first / a.pairs, thread);  // with the first task's group
 #pragma unroll
@@ -410,13 +403,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             load_g1<C>(g1, s.m, tile_row);
             complex_tile<typename C::out_acc> acc;
             g1_product<C>(acc, g1, s.u, tile_col);
-            kt::for_each_pair(acc.re, [&](int, int, int k, const float2& re) {
-                const int n = (tile_row * kt::TILE_DIM + C::out_acc::row_in_base(k, 0)) * Q + tile_col * kt::TILE_DIM +
-                              C::out_acc::col_in_base(k, 0);
-                if (n < a.seqlen) {  // seqlen is even: n + 1 too
-                    atomicAdd(grad + n, re.x * out_scale);
-                    atomicAdd(grad + n + 1, re.y * out_scale);
-                }
+            add_to_grad(grad, acc.re, out_scale, a.seqlen, [&](int row, int col) {
+                return (tile_row * kt::TILE_DIM + row) * Q + tile_col * kt::TILE_DIM + col;
             });
         }
     }
