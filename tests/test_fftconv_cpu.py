@@ -183,6 +183,22 @@ def test_shared_memory_limit_sends_the_call_to_torch_fft(cpu_fftconv, monkeypatc
     assert cpu_fftconv.calls == []
 
 
+def test_a_postgate_alone_takes_the_lengths_whose_gated_kernels_fit(cpu_fftconv, monkeypatch):
+    """The backward feeds the postgate to the forward kernel as its pregate, so a call with only a
+    postgate takes the lengths whose kernels fit with a pregate: on an A100's 163 KiB, N = 4096
+    with a postgate runs on the kernel of 8192 (4096's needs 177 KiB with a pregate)."""
+    available = 163 * 1024
+    monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: available))
+    u, k, _, post = make(b=1, h=2, n=4096, nk=100, dtype=torch.bfloat16, gates=True)
+    assert plan.FFTCONV_SHARED_BYTES[8192][0] <= available < plan.FFTCONV_SHARED_BYTES[8192][1], "the premise"
+    assert plan.FFTCONV_SHARED_BYTES[16384][1] <= available, "the premise"
+    assert str(tk.explain_fftconv(u, k)).endswith("n=4096 fft=8192")
+    assert str(tk.explain_fftconv(u, k, None, post)).endswith("n=4096 fft=16384 postgate")
+    with tk.strict():
+        tk.fftconv(u, k, None, post)
+    assert [call["fft_size"] for call in cpu_fftconv.calls] == [16384]
+
+
 @pytest.mark.parametrize("gates", [False, True])
 def test_shared_memory_limit_takes_the_kernels_that_fit(cpu_fftconv, monkeypatch, gates):
     """Some kernels fit, the one for u's length does not: blocks of the longest that fits (or its

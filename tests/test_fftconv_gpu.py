@@ -9,8 +9,8 @@ changes), torch.compile, CUDA-graph capture, a non-default stream, and batch * h
 On a GPU of sm_80 or newer with the fftconv family built (for this GPU), a call these tests
 expect on the kernel that would not take it FAILS (the explain check, and tk.strict()); the module
 skips only without such a GPU or build. A GPU with less than Hopper's 227 KiB of shared memory per
-block runs the kernel lengths whose kernels fit it (N = 16384 and 4096-with-a-pregate do not on
-sm_80; N >= 2048 with a pregate and N >= 4096 do not on sm_86/89): a length between them takes the
+block runs the kernel lengths whose kernels fit it (N = 16384 and 4096-with-a-gate do not on
+sm_80; N >= 2048 with a gate and N >= 4096 do not on sm_86/89): a length between them takes the
 next one that fits, a longer one blocks of the longest that fits, and the tests expect exactly
 that (or, where none fits, explain's shared-memory reason and the torch.fft answer).
 
@@ -83,30 +83,32 @@ def test_the_kernel_lengths():
 # ---- the kernel path -------------------------------------------------------------------------
 
 
-def device_lengths(u, pregate):
-    """The kernel lengths this GPU runs: those whose kernel (with a pregate when there is one)
-    fits its shared memory per block (the sizes are the C++ side's, _C.fftconv_shared_bytes)."""
+def device_lengths(u, pregate, postgate):
+    """The kernel lengths this GPU runs: those whose kernel (with a pregate where either gate is
+    given: the backward feeds the postgate to it as its pregate) fits its shared memory per block
+    (the sizes are the C++ side's, _C.fftconv_shared_bytes)."""
     available = torch.cuda.get_device_properties(u.device).shared_memory_per_block_optin
-    return [n for n in KERNEL_LENGTHS if _extension.FFTCONV_SHARED_BYTES[2 * n][pregate is not None] <= available]
+    gated = pregate is not None or postgate is not None
+    return [n for n in KERNEL_LENGTHS if _extension.FFTCONV_SHARED_BYTES[2 * n][gated] <= available]
 
 
-def fft_size_for(u, pregate=None):
+def fft_size_for(u, pregate=None, postgate=None):
     """The FFT size of the kernel u's call runs (its blocks' past the longest kernel)."""
-    lengths = device_lengths(u, pregate)
+    lengths = device_lengths(u, pregate, postgate)
     return 2 * next((m for m in lengths if m >= kernel_length(u.shape[-1])), lengths[-1])
 
 
-def kernel_fits(u, pregate):
+def kernel_fits(u, pregate, postgate):
     """Whether this GPU runs u's call on the kernels (some kernel fits it, and u is at most 4
     blocks of the longest that does)."""
-    lengths = device_lengths(u, pregate)
+    lengths = device_lengths(u, pregate, postgate)
     return bool(lengths) and u.shape[-1] <= 4 * lengths[-1]
 
 
 def kernel_plan_text(u, pregate=None, postgate=None, copies=()):
     n = u.shape[-1]
-    longest = device_lengths(u, pregate)[-1]
-    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={fft_size_for(u, pregate)}"]
+    longest = device_lengths(u, pregate, postgate)[-1]
+    parts = [KERNEL, DTYPE_NAMES[u.dtype], f"n={n}", f"fft={fft_size_for(u, pregate, postgate)}"]
     if n > longest:
         parts.append(f"blocks={-(-n // longest)}")
     gates = "+".join(name for name, gate in (("pregate", pregate), ("postgate", postgate)) if gate is not None)
@@ -122,7 +124,7 @@ def on_kernel(u, k, pregate=None, postgate=None, copies=()):
     exactly ``copies`` copied; strict mode makes a fallback an error), unless this GPU lacks the
     kernel's shared memory: then explain must say that, and torch.fft computes it."""
     plan = tk.explain_fftconv(u, k, pregate, postgate)
-    if not kernel_fits(u, pregate):
+    if not kernel_fits(u, pregate, postgate):
         assert not plan.uses_kernel and "bytes of shared memory" in plan.reason, str(plan)
         return tk.fftconv(u, k, pregate, postgate)
     assert plan.uses_kernel, f"tk.fftconv does not take the kernel on this GPU: {plan}"
@@ -285,7 +287,7 @@ def test_lengths_past_the_blocks_go_to_torch_fft(n):
     seeded("long", n)
     u = torch.randn(1, 2, n, device="cuda", dtype=torch.bfloat16)
     k = make_filter(2, n)
-    longest = device_lengths(u, None)[-1]  # the longest kernel this GPU runs (all of them on Hopper)
+    longest = device_lengths(u, None, None)[-1]  # the longest kernel this GPU runs (all of them on Hopper)
     reason = f"length {n} is longer than the kernels' longest, {4 * longest} (4 blocks of {longest})"
     plan = tk.explain_fftconv(u, k)
     assert not plan.uses_kernel and str(plan) == f"fallback torch.fft: {reason}"
@@ -325,7 +327,7 @@ def test_gradients_match_float64_autograd(dtype, gates, n, nk):
     k = make_filter(3, nk).requires_grad_()
     pre, post = (None if g is None else g.requires_grad_() for g in make_gates(u.shape, dtype, gates))
     y = on_kernel(u, k, pre, post)
-    if kernel_fits(u, pre):
+    if kernel_fits(u, pre, post):
         assert any("tk_fftconv" in name for name in backward_nodes(y)), backward_nodes(y)  # the op's formula
     grad = torch.randn_like(y)
     names, inputs = zip(*((name, t) for name, t in (("u", u), ("k", k), ("pregate", pre), ("postgate", post))
@@ -369,7 +371,7 @@ def test_module_caches_the_filter_spectrum_in_inference(spectrum_calls, n):
     u, u2 = (torch.randn(2, 3, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k = make_filter(3, n)
     pre, post = make_gates(u.shape, torch.bfloat16, "both")
-    if not kernel_fits(u, pre):
+    if not kernel_fits(u, pre, post):
         plan = tk.explain_fftconv(u, k, pre, post)
         assert not plan.uses_kernel and "bytes of shared memory" in plan.reason, str(plan)
         pytest.skip(f"no kernel for this length on this GPU, so nothing to cache: {plan}")

@@ -76,11 +76,12 @@ def _shared_memory_optin(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
-def device_lengths(u, pregate) -> tuple[int, ...]:
-    """The kernel lengths whose forward kernel (with a pregate when one is given) fits the shared
-    memory per block of u's GPU."""
+def device_lengths(u, pregate, postgate) -> tuple[int, ...]:
+    """The kernel lengths whose forward kernel fits the shared memory per block of u's GPU: with
+    a pregate where either gate is given (the backward feeds the postgate to the forward kernel as
+    its pregate)."""
     available = _shared_memory_optin(u.device.index)
-    gated = 0 if pregate is None else 1
+    gated = 0 if pregate is None and postgate is None else 1
     return tuple(n for n in KERNEL_LENGTHS if FFTCONV_SHARED_BYTES[2 * n][gated] <= available)
 
 
@@ -93,7 +94,7 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
     family, reason = _scaffold.choose_family("fftconv", u.device)
     if family is None:
         return None, None, reason
-    lengths = device_lengths(u, pregate)
+    lengths = device_lengths(u, pregate, postgate)
     if not lengths:
         shortest = KERNEL_LENGTHS[0]
         needed = FFTCONV_SHARED_BYTES[2 * shortest][0 if pregate is None else 1]
@@ -123,4 +124,4 @@ def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
                        op=f"tk.{family.op_name}" if family else None, dtype=u.dtype,
                        copies=copies if family else (), strict=_config.strict_enabled(),
                        length=int(u.shape[-1]), fft_size=fft_size, gates=gates,
-                       blocks=block_count(int(u.shape[-1]), device_lengths(u, pregate)) if family else 1)
+                       blocks=block_count(int(u.shape[-1]), device_lengths(u, pregate, postgate)) if family else 1)
