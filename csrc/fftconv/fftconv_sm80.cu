@@ -19,7 +19,8 @@
 // The grid is one wave of persistent blocks, each running an equal share of the (head, pair of
 // batches) tasks in order, with the next tasks' inputs in flight (cp.async) while the current one
 // computes. A block computes its DFT matrices and twiddles once; the filter's spectrum comes
-// through a shared-memory slot that is refilled when the head changes.
+// through a shared-memory slot that is refilled when the head changes (at L = 32768, where it does
+// not fit, from global memory: arrange_spectrum lays it out in the op's workspace first).
 #include "fftconv/configs.cuh"
 
 namespace tk::fftconv {
