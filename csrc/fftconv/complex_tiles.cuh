@@ -70,23 +70,29 @@ __device__ __forceinline__ void cmul(complex_tile<RT>& a, const complex_tile<RT>
     });
 }
 
-// a *= b (CONJ: a *= conj(b)) for an fp32 complex tile a of 16 columns (row layout) and b a
-// table in a's fragment order: float4 (i * 4 + k) * 32 + lane holds (re, im, re, im) of the pair
-// in register k of base tile i of that lane, so a warp reads 512 contiguous bytes per access.
-template <bool CONJ = false, typename RT>
-__device__ __forceinline__ void cmul_fragments(complex_tile<RT>& a, const float4* b) {
+// a *= w (CONJ: a *= conj(w)) for an fp32 complex tile a of 16 columns (row layout), value(i, k)
+// giving w at register k of base tile i of this lane: (re, im, re, im) of its pair.
+template <bool CONJ = false, typename RT, typename Value>
+__device__ __forceinline__ void cmul_values(complex_tile<RT>& a, Value&& value) {
     static_assert(std::same_as<typename RT::dtype, float> && std::same_as<typename RT::layout, kt::row_l> &&
-                  RT::width == 1, "cmul_fragments: fp32 row-layout tiles of 16 columns");
-    const int lane = kt::lane_id();
+                  RT::width == 1, "cmul_values: fp32 row-layout tiles of 16 columns");
     kt::for_each_pair(a.re, [&](int i, int, int k, float2& ar) {
         float2& ai = a.im.tiles[i][0].data[k];
-        const float4 w = b[(i * 4 + k) * kt::WARP_THREADS + lane];
+        const float4 w = value(i, k);
         const float2 r = ar, m = ai;
         ar = CONJ ? make_float2(fmaf(r.x, w.x, m.x * w.y), fmaf(r.y, w.z, m.y * w.w))
                   : make_float2(fmaf(r.x, w.x, -m.x * w.y), fmaf(r.y, w.z, -m.y * w.w));
         ai = CONJ ? make_float2(fmaf(m.x, w.x, -r.x * w.y), fmaf(m.y, w.z, -r.y * w.w))
                   : make_float2(fmaf(r.x, w.y, m.x * w.x), fmaf(r.y, w.w, m.y * w.z));
     });
+}
+
+// cmul_values with w from b, a table in a's fragment order: float4 (i * 4 + k) * 32 + lane
+// holds register k of base tile i of that lane, so a warp reads 512 contiguous bytes per access.
+template <bool CONJ = false, typename RT>
+__device__ __forceinline__ void cmul_fragments(complex_tile<RT>& a, const float4* b) {
+    const int lane = kt::lane_id();
+    cmul_values<CONJ>(a, [&](int i, int k) { return b[(i * 4 + k) * kt::WARP_THREADS + lane]; });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ auto with_config(int fft_size, F&& f) {
         case 512: return f(TwoFactor<T, 32, 16, 1>{});
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
-        // Two blocks of 8 warps per SM at L = 4096 (their phases and barriers interleave): 0.211
-        // against 0.240 ms for one of 16 (B=16 H=1024, H100); at L = 8192, 8 warps spill and
-        // took 0.463 against 0.417 ms.
+        // Two blocks of 8 warps per SM at L = 4096: their phases and barriers interleave. At
+        // L = 8192 one block of 16 stays faster (docs/performance.md has both A/Bs).
         case 4096: return f(ThreeFactor<T, 16, 8>{});
         case 8192: return f(ThreeFactor<T, 32>{});
         case 16384: return f(ThreeFactorLarge<T, 64>{});

@@ -14,7 +14,7 @@
 //   16 R k_q that maps tile k_r to tile R - k_r read backwards ((k_p, k_q) -> (15 - k_p,
 //   15 - k_q)). Tiles 0 .. R/2 are kept, in phase 2's fragment order; a tile past R/2 reads its
 //   mirror: in fragment order lane 31 - lane, register 3 - k, the pair's two values swapped,
-//   conjugated (spectrum_value), still 512 contiguous bytes per warp access. At R = 64 they
+//   conjugated (stored_tile_value), still 512 contiguous bytes per warp access. At R = 64 they
 //   are gathered into shared memory (66 KiB in fp32) when the head changes; at R = 128 (133 KiB
 //   beside 128 KiB of tiles and 66 KiB of tables) a small kernel arranges them in global memory
 //   before the convolution (arrange_spectrum), and phase 2 reads a tile's values into registers
@@ -180,24 +180,11 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
 // 2's order); a tile past R/2 is the stored tile R - kr read backwards and conjugated (see the
 // top of this file).
 template <typename C, typename Load>
-__device__ __forceinline__ float4 spectrum_value(int kr, int k, Load&& load) {
+__device__ __forceinline__ float4 stored_tile_value(int kr, int k, Load&& load) {
     const int lane = kt::lane_id();
     if (kr <= C::R / 2) return load((kr * 4 + k) * kt::WARP_THREADS + lane);
     const float4 m = load(((C::R - kr) * 4 + 3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane));
     return make_float4(m.z, -m.w, m.x, -m.y);  // columns c, c + 1
-}
-
-// acc *= K at tile kr, element-wise; value(k) gives spectrum_value's float4 for register k.
-template <typename RT, typename Value>
-__device__ __forceinline__ void multiply_spectrum(complex_tile<RT>& a, Value&& value) {
-    static_assert(std::same_as<typename RT::dtype, float> && RT::height == 1 && RT::width == 1);
-    kt::for_each_pair(a.re, [&](int, int, int k, float2& ar) {
-        float2& ai = a.im.tiles[0][0].data[k];
-        const float4 w = value(k);
-        const float2 r = ar, m = ai;
-        ar = make_float2(fmaf(r.x, w.x, -m.x * w.y), fmaf(r.y, w.z, -m.y * w.w));
-        ai = make_float2(fmaf(r.x, w.y, m.x * w.x), fmaf(r.y, w.w, m.y * w.z));
-    });
 }
 
 // The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, each K[f] from
@@ -212,9 +199,7 @@ __global__ void arrange_spectrum(const float2* __restrict__ spectrum, float2* __
     if (i >= int64_t(heads) * STORED) return;
     const int64_t h = i / STORED;
     const int f = spectrum_frequency<C>(int(i - h * STORED));
-    float2 v = __ldg(spectrum + h * (L / 2 + 1) + (f > L / 2 ? L - f : f));
-    if ((f > L / 2) != conjugate) v.y = -v.y;
-    arranged[i] = v;
+    arranged[i] = spectrum_value<L>(spectrum + h * (L / 2 + 1), f, conjugate);
 }
 
 // Phase 1 for column p: F1 and T1 of the input in rows r < R/2 of the column, for the k_r of
@@ -362,16 +347,16 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
             complex_tile<typename C::acc16> acc;
             if constexpr (C::SPECTRUM_IN_SHARED) {  // times the filter's spectrum
                 tile_forward<C>(acc, f16, s.tab, s.buf, kr);
-                multiply_spectrum(acc, [&](int k) {
-                    return spectrum_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
+                cmul_values(acc, [&](int, int k) {
+                    return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
                 });
             } else {  // from L2: loaded before the transform, whose work covers the latency
                 const float4* head = a.arranged_spectrum + int64_t(h) * (STORED / 2);
                 float4 k_values[4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) k_values[k] = spectrum_value<C>(kr, k, [&](int i) { return __ldg(head + i); });
+                for (int k = 0; k < 4; k++) k_values[k] = stored_tile_value<C>(kr, k, [&](int i) { return __ldg(head + i); });
                 tile_forward<C>(acc, f16, s.tab, s.buf, kr);
-                multiply_spectrum(acc, [&](int k) { return k_values[k]; });
+                cmul_values(acc, [&](int, int k) { return k_values[k]; });
             }
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);

@@ -53,9 +53,8 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
     n = u.shape[-1]
     length = _padded_length(n)
     u, pregate, postgate = (_padded(t, length) for t in (u, pregate, postgate))
-    lengths = plan.device_lengths(u, pregate, postgate)
-    if plan.block_count(length, lengths) > 1:
-        y = blocks.block_conv(u, k, pregate, postgate, lengths)
+    if length > fft_size // 2:  # longer than the longest kernel this GPU runs: blocks of it
+        y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate))
     else:
         y = fftconv_op(u, k, pregate, postgate, fft_size)
     return y[..., :n] if length != n else y
@@ -104,8 +103,8 @@ class FFTConv(torch.nn.Module):
         if needs_grad or torch.compiler.is_compiling():
             return fftconv(u, k, pregate, postgate)
         family, fft_size, reason = plan.decide(u, k, pregate, postgate)
-        if family is None or plan.block_count(u.shape[-1], plan.device_lengths(u, pregate, postgate)) > 1:
-            return fftconv(u, k, pregate, postgate)  # no spectrum of its own to keep
+        if family is None or u.shape[-1] > fft_size // 2:  # blocks: no spectrum of its own to keep
+            return fftconv(u, k, pregate, postgate)
         key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None
         if cached is not k or key != self._cached_key:
