@@ -75,9 +75,9 @@ PyObject* attention_head_dims() {
     return dims;
 }
 
-// {fft_size: (bytes, bytes with a pregate, bytes of the filter gradient)}: the dynamic shared
-// memory each FFT-conv kernel needs per block (more than a GPU's opt-in limit: it cannot run
-// there); empty without that family.
+// {fft_size: (bytes, bytes with a pregate, bytes of the filter gradient, the sm90 forward's bytes,
+// its bytes with a pregate)}: the dynamic shared memory each FFT-conv kernel needs per block (more
+// than a GPU's opt-in limit: it cannot run there); empty without that family.
 PyObject* fftconv_shared_bytes() {
     PyObject* sizes = PyDict_New();
     if (sizes == nullptr) return nullptr;
@@ -88,7 +88,9 @@ PyObject* fftconv_shared_bytes() {
         const int gated = tk::fftconv::fftconv_fwd_sm80_shared_bytes(fft_size, true);
         const int filter_grad = tk::fftconv::fftconv_filter_grad_sm80_shared_bytes(fft_size);
         PyObject* key = PyLong_FromLong(fft_size);
-        PyObject* value = Py_BuildValue("(iii)", plain, gated, filter_grad);
+        PyObject* value = Py_BuildValue("(iiiii)", plain, gated, filter_grad,
+                                        tk::fftconv::fftconv_fwd_sm90_shared_bytes(fft_size, false),
+                                        tk::fftconv::fftconv_fwd_sm90_shared_bytes(fft_size, true));
         if (key == nullptr || value == nullptr || PyDict_SetItem(sizes, key, value) < 0) {
             Py_XDECREF(key);
             Py_XDECREF(value);

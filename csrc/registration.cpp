@@ -110,11 +110,15 @@ TORCH_LIBRARY(tk, m) {
     // Causal FFT convolution forward, mma.sync kernel (sm_80 and newer; csrc/fftconv/params.h):
     // y = irfft(rfft(u * pregate, fft_size) * K, fft_size)[..., :n] * postgate with u, pregate,
     // postgate (B, H, n) bf16/fp16 (last dim contiguous, other strides multiples of 8), n a
-    // multiple of 8 and at most fft_size / 2, fft_size in {512, 1024, 2048, 4096, 8192}, and
+    // multiple of 8 and at most fft_size / 2, fft_size in {512, 1024, ..., 32768}, and
     // k_spectrum = fftconv_filter_spectrum(k, fft_size); conjugate: times conj(K), the
     // anti-causal correlation y[n] = sum_{m >= n} k[m - n] u[m] (the convolution's input
     // gradient). Returns y (B, H, n) contiguous in u's dtype.
     m.def("fftconv_fwd_sm80(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size, "
+          "bool conjugate=False) -> Tensor");
+    // The same contract on Hopper (sm_90a): the wgmma kernels for fft_size 4096 and 8192, the
+    // mma.sync kernels for the other sizes.
+    m.def("fftconv_fwd_sm90(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size, "
           "bool conjugate=False) -> Tensor");
     // The filter's gradient of that convolution (same kernel family and sizes): dy, u (B, H, n)
     // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t].
@@ -179,6 +183,10 @@ at::Tensor matmul_not_built(const at::Tensor&, const at::Tensor&) { family_not_b
 at::Tensor fftconv_fwd_sm80_not_built(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                       const std::optional<at::Tensor>&, int64_t, bool) {
     family_not_built("fftconv_fwd_sm80", "fftconv");
+}
+at::Tensor fftconv_fwd_sm90_not_built(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                      const std::optional<at::Tensor>&, int64_t, bool) {
+    family_not_built("fftconv_fwd_sm90", "fftconv");
 }
 at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tensor&, int64_t) {
     family_not_built("fftconv_filter_grad_sm80", "fftconv");
@@ -250,6 +258,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
 #ifndef TK_HAS_FFTCONV
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &fftconv_fwd_sm80_not_built);
+    m.impl("fftconv_fwd_sm90", &fftconv_fwd_sm90_not_built);
     m.impl("fftconv_filter_grad_sm80", &fftconv_filter_grad_sm80_not_built);
 }
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {

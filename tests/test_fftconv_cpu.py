@@ -45,7 +45,7 @@ def test_fftconv_on_cpu_runs_the_reference(dtype):
     expected = by_definition(u, k, pre, post)
     tol = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
-    assert str(tk.explain_fftconv(u, k)) == "fallback torch.fft: inputs are on cpu; the kernel needs a CUDA GPU"
+    assert str(tk.explain_fftconv(u, k)) == "fallback torch.fft: inputs are on cpu; the kernels need a CUDA GPU"
 
 
 def test_gradients_of_the_reference_path():
@@ -101,14 +101,14 @@ class ForwardStandIn:
         self.calls = []
         self.filter_grad = FilterGradStandIn()
 
-    def __call__(self, u, k_spectrum, pregate, postgate, fft_size, conjugate=False):
+    def __call__(self, u, k_spectrum, pregate, postgate, fft_size, conjugate=False, op="fftconv_fwd_sm80"):
         n, heads = u.shape[-1], u.shape[1]
         assert u.dtype in (torch.bfloat16, torch.float16) and n % 8 == 0 and n <= fft_size // 2
         assert k_spectrum.dtype == torch.float32 and k_spectrum.shape == (heads, fft_size // 2 + 1, 2)
         for t in (u, pregate, postgate):
             assert t is None or (t.dtype == u.dtype and t.shape == u.shape and conforming(t))
         self.calls.append({"u": u, "pregate": pregate, "postgate": postgate, "fft_size": fft_size,
-                           "conjugate": conjugate})
+                           "conjugate": conjugate, "op": op})
         w = u if pregate is None else u * pregate  # the kernel rounds u * pregate to 16 bits
         spectrum = torch.view_as_complex(k_spectrum.double())
         if conjugate:
@@ -138,7 +138,10 @@ class FilterGradStandIn:
 def cpu_fftconv(monkeypatch):
     monkeypatch.setattr(plan, "_shared_memory_optin", torch.compiler.assume_constant_result(lambda index: 232448))
     standin = ForwardStandIn()
-    with kernel_standins(monkeypatch, "fftconv", {"fftconv_fwd_sm80": standin,
+    def sm90(*args):
+        return standin(*args, op="fftconv_fwd_sm90")
+
+    with kernel_standins(monkeypatch, "fftconv", {"fftconv_fwd_sm80": standin, "fftconv_fwd_sm90": sm90,
                                                   "fftconv_filter_grad_sm80": standin.filter_grad}):
         yield standin
 
@@ -163,6 +166,22 @@ def test_kernel_path_pads_to_the_kernel_length(cpu_fftconv, n, fft_size):
     assert y.shape == u.shape
     expected = by_definition(u, k)
     torch.testing.assert_close(y.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("n, fft_size", [(1000, 2048), (2048, 4096), (4000, 8192), (16384, 32768)])
+def test_forced_sm90_family_runs_its_op_forward_and_backward(cpu_fftconv, n, fft_size):
+    """use_kernel("sm90", op="fftconv") on an sm_90 GPU: explain names tk.fftconv_fwd_sm90 (its
+    wgmma kernels at N = 2048 and 4096, the sm80 ones at the other lengths: one contract), and the
+    forward and the backward's convolutions all call it; "auto" keeps the sm80 op."""
+    u, k, pre, post = make(n=n, nk=n, dtype=torch.bfloat16, gates=True, requires_grad=True)
+    assert str(tk.explain_fftconv(u, k, pre, post)).startswith("kernel tk.fftconv_fwd_sm80 [sm80 mma.sync]")
+    with tk.use_kernel("sm90", op="fftconv"):
+        assert str(tk.explain_fftconv(u, k, pre, post)) == (
+            f"kernel tk.fftconv_fwd_sm90 [sm90 wgmma] bf16 n={n} fft={fft_size} pregate+postgate")
+        y = tk.fftconv(u, k, pre, post)
+        y.backward(torch.randn_like(y))
+    assert len(cpu_fftconv.calls) == 3 and all(call["op"] == "fftconv_fwd_sm90" for call in cpu_fftconv.calls)
+    assert all(call["fft_size"] == fft_size for call in cpu_fftconv.calls)
 
 
 def test_kernel_path_fallback_reasons(cpu_fftconv):
@@ -285,7 +304,7 @@ def test_kernel_path_backward_with_a_broadcast_gradient(cpu_fftconv):
 def test_filter_gradient_falls_back_where_its_kernel_does_not_fit(cpu_fftconv, monkeypatch):
     """A GPU whose blocks lack the filter-gradient kernel's shared memory gets the filter's
     gradient from torch.fft; the rest of the backward stays on the kernel."""
-    sizes = {size: (plain, gated, 1 << 30) for size, (plain, gated, _) in plan.FFTCONV_SHARED_BYTES.items()}
+    sizes = {size: (plain, gated, 1 << 30, *sm90) for size, (plain, gated, _, *sm90) in plan.FFTCONV_SHARED_BYTES.items()}
     monkeypatch.setattr(plan, "FFTCONV_SHARED_BYTES", sizes)
     u, k, _, _ = make(n=24, nk=24, dtype=torch.float16, requires_grad=True)
     k = k.detach().float().requires_grad_()

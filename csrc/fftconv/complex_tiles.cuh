@@ -183,6 +183,34 @@ __device__ __forceinline__ void store_to(const RT& src, Addr&& addr) {
     });
 }
 
+// A row-layout register tile into 16-bit shared memory with stmatrix (sm_90), converted to T,
+// 8-element runs at a time: run(row, col) is the address of the run that starts at the tile's
+// element (row, col) and goes along its row, or with TRANSPOSED down its column (the memory then
+// holds the tile's columns contiguously: a transposed layout for the price of a plain store).
+// Each run must be 16 contiguous, 16-byte aligned bytes.
+template <bool TRANSPOSED, typename T, kt::register_tile RT, typename Run>
+__device__ __forceinline__ void store_runs(const RT& src, Run&& run) {
+    static_assert(std::same_as<typename RT::layout, kt::row_l> && kt::half_precision<T>, "store_runs: row-layout tiles into 16 bits");
+    // Register k of a base tile is its 8 x 8 quadrant (k % 2, k / 2); stmatrix takes the address
+    // of row i of matrix k (transposed: of its column i) from lane 8k + i.
+    const int lane = kt::lane_id(), k = lane / 8, i = lane % 8;
+    const int row = 8 * (k % 2) + (TRANSPOSED ? 0 : i), col = 8 * (k / 2) + (TRANSPOSED ? i : 0);
+#pragma unroll
+    for (int ti = 0; ti < RT::height; ti++)
+#pragma unroll
+        for (int tj = 0; tj < RT::width; tj++) {
+            uint32_t regs[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const auto pair = kt::convert_pair<T, typename RT::dtype>(src.tiles[ti][tj].data[r]);
+                regs[r] = *reinterpret_cast<const uint32_t*>(&pair);
+            }
+            const uint32_t address = run(ti * kt::TILE_DIM + row, tj * kt::TILE_DIM + col);
+            if constexpr (TRANSPOSED) kt::detail::stmatrix_x4_trans(address, regs);
+            else kt::detail::stmatrix_x4(address, regs);
+        }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sequences <-> shared tiles. A shared tile ST holds elements [0, ELEMS) of one sequence
 // row-major (element e at row e / ST::cols, column e % ST::cols). Sequences are 16-byte aligned

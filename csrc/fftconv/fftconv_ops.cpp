@@ -23,6 +23,7 @@ namespace tk::fftconv {
 namespace {
 
 constexpr const char* kFwdOp = "tk::fftconv_fwd_sm80: ";
+constexpr const char* kFwdSm90Op = "tk::fftconv_fwd_sm90: ";
 constexpr const char* kGradOp = "tk::fftconv_filter_grad_sm80: ";
 constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
 
@@ -87,29 +88,38 @@ void fill_sequence_fields(Params& p, const at::Tensor& u, int64_t fft_size, Elem
 
 cudaStream_t current_stream(const at::Tensor& u) { return at::cuda::getCurrentCUDAStream(u.device().index()).stream(); }
 
-at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
-                                 const std::optional<at::Tensor>& pregate,
-                                 const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate) {
-    const ElementType dtype = check_sequences(u, fft_size, kFwdOp);
-    if (pregate.has_value()) check_sequence_tensor(*pregate, "pregate", u, kFwdOp);
-    if (postgate.has_value()) check_sequence_tensor(*postgate, "postgate", u, kFwdOp);
+// A forward kernel family's entry points (params.h).
+struct ForwardKernels {
+    cudaError_t (*run)(const ForwardParams&, cudaStream_t);
+    int (*shared_bytes)(int fft_size, bool pregate);
+    int64_t (*workspace_bytes)(int fft_size, int heads);
+    bool needs_sm90;
+};
 
-    TORCH_CHECK(k_spectrum.defined(), kFwdOp, "k_spectrum is undefined");
-    TORCH_CHECK(k_spectrum.device() == u.device(), kFwdOp, "k_spectrum is on ", k_spectrum.device(),
+at::Tensor forward_call(const at::Tensor& u, const at::Tensor& k_spectrum, const std::optional<at::Tensor>& pregate,
+                        const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate,
+                        const ForwardKernels& kernels, const char* op) {
+    const ElementType dtype = check_sequences(u, fft_size, op);
+    if (pregate.has_value()) check_sequence_tensor(*pregate, "pregate", u, op);
+    if (postgate.has_value()) check_sequence_tensor(*postgate, "postgate", u, op);
+
+    TORCH_CHECK(k_spectrum.defined(), op, "k_spectrum is undefined");
+    TORCH_CHECK(k_spectrum.device() == u.device(), op, "k_spectrum is on ", k_spectrum.device(),
                 " but u is on ", u.device());
-    TORCH_CHECK(k_spectrum.scalar_type() == at::kFloat, kFwdOp,
+    TORCH_CHECK(k_spectrum.scalar_type() == at::kFloat, op,
                 "k_spectrum must be float32 (from tk::fftconv_filter_spectrum), got ", k_spectrum.scalar_type());
     TORCH_CHECK(k_spectrum.dim() == 3 && k_spectrum.size(0) == u.size(1) && k_spectrum.size(1) == fft_size / 2 + 1 &&
                     k_spectrum.size(2) == 2,
-                kFwdOp, "k_spectrum must have shape (heads, fft_size / 2 + 1, 2) = (", u.size(1), ", ",
+                op, "k_spectrum must have shape (heads, fft_size / 2 + 1, 2) = (", u.size(1), ", ",
                 fft_size / 2 + 1, ", 2) (from tk::fftconv_filter_spectrum(k, fft_size)), got ", k_spectrum.sizes());
-    TORCH_CHECK(k_spectrum.is_contiguous(), kFwdOp, "k_spectrum must be contiguous");
-    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(k_spectrum.const_data_ptr()) % 8 == 0, kFwdOp,
+    TORCH_CHECK(k_spectrum.is_contiguous(), op, "k_spectrum must be contiguous");
+    TORCH_CHECK(reinterpret_cast<std::uintptr_t>(k_spectrum.const_data_ptr()) % 8 == 0, op,
                 "k_spectrum's data pointer must be 8-byte aligned; pass a fresh copy (x.clone())");
 
     const c10::cuda::CUDAGuard device_guard(u.device());
-    check_device(u, fftconv_fwd_sm80_shared_bytes(static_cast<int>(fft_size), pregate.has_value()), fft_size,
-                 pregate.has_value() ? " with a pregate" : "", kFwdOp);
+    if (kernels.needs_sm90) check_sm90(u.device(), op, "thunderkittens.fftconv picks the sm80 kernels there");
+    check_device(u, kernels.shared_bytes(static_cast<int>(fft_size), pregate.has_value()), fft_size,
+                 pregate.has_value() ? " with a pregate" : "", op);
 
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
@@ -129,14 +139,30 @@ at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectr
     p.y = y.mutable_data_ptr();
     const auto ys = kernel_strides<3>(y);
     p.y_stride_b = ys[0], p.y_stride_h = ys[1];
-    const int64_t workspace_bytes = fftconv_fwd_sm80_workspace_bytes(p.fft_size, p.heads);
+    const int64_t workspace_bytes = kernels.workspace_bytes(p.fft_size, p.heads);
     at::Tensor workspace;  // the caching allocator's blocks are 512-byte aligned
     if (workspace_bytes > 0) {
         workspace = at::empty({workspace_bytes}, u.options().dtype(at::kByte));
         p.workspace = workspace.mutable_data_ptr();
     }
-    check_launch(fftconv_fwd_sm80(p, current_stream(u)), kFwdOp);
+    check_launch(kernels.run(p, current_stream(u)), op);
     return y;
+}
+
+at::Tensor fftconv_fwd_sm80_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
+                                 const std::optional<at::Tensor>& pregate,
+                                 const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate) {
+    return forward_call(u, k_spectrum, pregate, postgate, fft_size, conjugate,
+                        {fftconv_fwd_sm80, fftconv_fwd_sm80_shared_bytes, fftconv_fwd_sm80_workspace_bytes, false},
+                        kFwdOp);
+}
+
+at::Tensor fftconv_fwd_sm90_cuda(const at::Tensor& u, const at::Tensor& k_spectrum,
+                                 const std::optional<at::Tensor>& pregate,
+                                 const std::optional<at::Tensor>& postgate, int64_t fft_size, bool conjugate) {
+    return forward_call(u, k_spectrum, pregate, postgate, fft_size, conjugate,
+                        {fftconv_fwd_sm90, fftconv_fwd_sm90_shared_bytes, fftconv_fwd_sm90_workspace_bytes, true},
+                        kFwdSm90Op);
 }
 
 at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor& u, int64_t fft_size) {
@@ -175,6 +201,7 @@ at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
 
 TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &tk::fftconv::fftconv_fwd_sm80_cuda);
+    m.impl("fftconv_fwd_sm90", &tk::fftconv::fftconv_fwd_sm90_cuda);
     m.impl("fftconv_filter_grad_sm80", &tk::fftconv::fftconv_filter_grad_sm80_cuda);
 }
 

@@ -135,6 +135,21 @@ __device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* g
     });
 }
 
+// apply_postgate for a tile whose pairs are not neighbours in the sequence: element by element.
+template <typename T, typename RT, typename Element>
+__device__ __forceinline__ void apply_postgate_elements(complex_tile<RT>& acc, const T* gate0, const T* gate1,
+                                                        int seqlen, Element&& element_of) {
+    kt::for_each_element(acc.re, [&](int i, int j, int k, int h, float& re) {
+        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, h), j * kt::TILE_DIM + RT::col_in_base(k, h));
+        if (n >= seqlen) return;
+        re *= kt::convert<float>(__ldg(gate0 + n));
+        if (gate1 != nullptr) {
+            float2& im = acc.im.tiles[i][j].data[k];
+            (h ? im.y : im.x) *= kt::convert<float>(__ldg(gate1 + n));
+        }
+    });
+}
+
 // ---- the filter gradient's accumulated spectrum ------------------------------------------------
 
 // s += d * conj(u), element-wise on fp32 complex tiles.

@@ -96,4 +96,10 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
 int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads);
 int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
 
+// Hopper (sm_90a): the wgmma kernels where there is one (fft_size 4096 and 8192), the mma.sync
+// kernels above for the other sizes; the same contract and functions.
+cudaError_t fftconv_fwd_sm90(const ForwardParams& params, cudaStream_t stream);
+int fftconv_fwd_sm90_shared_bytes(int fft_size, bool pregate);
+int64_t fftconv_fwd_sm90_workspace_bytes(int fft_size, int heads);
+
 }  // namespace tk::fftconv

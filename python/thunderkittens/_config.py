@@ -4,8 +4,8 @@ Each switch has an environment variable (read at call time) and a context manage
 over the variable while it is active):
 
   TK_ATTENTION_KERNEL = auto | sm90 | sm80 | decode  ``with thunderkittens.use_kernel("sm80"):``
-  TK_BASED_KERNEL = auto | sm80              ``with thunderkittens.use_kernel("sm80", op="based"):``
-  TK_FFTCONV_KERNEL = auto | sm80            ``with thunderkittens.use_kernel("sm80", op="fftconv"):``
+  TK_BASED_KERNEL = auto | sm90 | sm80       ``with thunderkittens.use_kernel("sm80", op="based"):``
+  TK_FFTCONV_KERNEL = auto | sm80 | sm90     ``with thunderkittens.use_kernel("sm80", op="fftconv"):``
   TK_STRICT = 1 | 0                          ``with thunderkittens.strict():``
 
 The context managers keep their state in module globals, not thread-locals, because
@@ -30,7 +30,7 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 KNOWN_KERNELS: dict[str, tuple[str, ...]] = {
     "attention": ("sm90", "sm80", "decode"),
     "based": ("sm90", "sm80"),
-    "fftconv": ("sm80",),
+    "fftconv": ("sm80", "sm90"),
 }
 
 _strict_stack: list[bool] = []

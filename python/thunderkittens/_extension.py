@@ -107,10 +107,10 @@ ATTENTION_HEAD_DIMS: dict[str, tuple[int, ...]] = {
     family: tuple(int(dim) for dim in dims) for family, dims in _C.attention_head_dims.items()}
 
 
-#: {fft_size: (bytes, bytes with a pregate, bytes of the filter gradient)}: the shared memory
-#: each FFT-conv kernel needs per block, as the C++ side sizes it (empty when the fftconv family
-#: was not built).
-FFTCONV_SHARED_BYTES: dict[int, tuple[int, int, int]] = {
+#: {fft_size: (bytes, bytes with a pregate, bytes of the filter gradient, the sm90 forward's bytes,
+#: its bytes with a pregate)}: the shared memory each FFT-conv kernel needs per block, as the C++
+#: side sizes it (empty when the fftconv family was not built).
+FFTCONV_SHARED_BYTES: dict[int, tuple[int, int, int, int, int]] = {
     int(size): tuple(int(b) for b in sizes) for size, sizes in _C.fftconv_shared_bytes.items()}
 
 

@@ -54,9 +54,10 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
     length = _padded_length(n)
     u, pregate, postgate = (_padded(t, length) for t in (u, pregate, postgate))
     if length > fft_size // 2:  # longer than the longest kernel this GPU runs: blocks of it
-        y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate))
+        y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate, family),
+                              family.name)
     else:
-        y = fftconv_op(u, k, pregate, postgate, fft_size)
+        y = fftconv_op(u, k, pregate, postgate, fft_size, False, family.name)
     return y[..., :n] if length != n else y
 
 
@@ -113,7 +114,7 @@ class FFTConv(torch.nn.Module):
             self._cached_key = key
         n = u.shape[-1]
         length = _padded_length(n)
-        y = FORWARD(_padded(u, length), self._cached_spectrum, _padded(pregate, length),
+        y = FORWARD[family.name](_padded(u, length), self._cached_spectrum, _padded(pregate, length),
                     _padded(postgate, length), fft_size)
         return y[..., :n] if length != n else y
 

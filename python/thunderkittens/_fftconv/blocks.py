@@ -28,10 +28,10 @@ def kernel_fft_size(length: int, kernel_lengths: tuple[int, ...]) -> int:
 
 
 def block_conv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
-               postgate: torch.Tensor | None, kernel_lengths: tuple[int, ...]) -> torch.Tensor:
+               postgate: torch.Tensor | None, kernel_lengths: tuple[int, ...], family: str) -> torch.Tensor:
     """The causal convolution of u (B, H, n), n longer than the longest kernel and a multiple of
-    8, with k (H, Nk <= n), as blocks of the longest kernel length M (u and the gates read in
-    place, so they conform as the kernels need)."""
+    8, with k (H, Nk <= n), as blocks of the longest kernel length M on the kernel family
+    ``kernel`` (u and the gates read in place, so they conform as the kernels need)."""
     block = kernel_lengths[-1]
     n, nk, heads = u.shape[-1], k.shape[-1], k.shape[0]
     starts = range(0, n, block)
@@ -59,16 +59,16 @@ def block_conv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
         for a in range(i + 1):
             if filters[i - a] is not None:
                 terms.append(fftconv_op(view(u, a, length), filters[i - a][:, :length], view(pregate, a, length),
-                                        post, kernel_fft_size(length, kernel_lengths)))
+                                        post, kernel_fft_size(length, kernel_lengths), False, family))
         for a in range(i):  # block a < i is whole: its tail needs all of it
             if tails[i - 1 - a] is None:
                 continue
             if length == block:  # the postgate has the call's shape: the kernel applies it
                 terms.append(fftconv_op(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), post,
-                                        2 * block, True))
+                                        2 * block, True, family))
                 continue
             term = fftconv_op(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), None, 2 * block,
-                              True)[..., :length]
+                              True, family)[..., :length]
             terms.append(term if post is None else term * post)
         if len(terms) == 1:
             outputs.append(terms[0])

@@ -2,7 +2,7 @@
 tk.fftconv calls, with its autograd formula.
 
 ``tk::fftconv_fwd_sm80(u, k_spectrum, pregate, postgate, fft_size, conjugate=False) -> y``
-(csrc/fftconv/): u (B, H, n) bf16/fp16 with n a multiple of 8 and at most fft_size / 2, readable
+(csrc/fftconv/; ``tk::fftconv_fwd_sm90``, the same contract on Hopper): u (B, H, n) bf16/fp16 with n a multiple of 8 and at most fft_size / 2, readable
 in place (see _scaffold.conforms), the filter's spectrum ``tk::fftconv_filter_spectrum(k,
 fft_size)`` (rfft(k, fft_size) as (H, fft_size / 2 + 1, 2) floats), optional gates shaped like
 u; y a new contiguous tensor shaped like u. ``conjugate`` multiplies by the conjugate spectrum:
@@ -11,9 +11,9 @@ the anti-causal correlation y[n] = sum_{m >= n} k[m - n] (u * pregate)[m], times
 ``tk::fftconv_filter_grad_sm80(dy, u, fft_size) -> grad`` (H, n) float32:
 grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t], on the tensor cores.
 
-``tk::fftconv(u, k, pregate, postgate, fft_size, correlate=False) -> y`` (defined here) is the
-causal convolution of u with the filter k (H, Nk) on the kernel (the spectrum, then the forward
-op), or with ``correlate`` the anti-causal correlation y[n] = sum_{m >= n} k[m - n] w[m] (the
+``tk::fftconv(u, k, pregate, postgate, fft_size, correlate=False, family="sm80") -> y`` (defined
+here) is the causal convolution of u with the filter k (H, Nk) on the kernel family ``family``
+(the spectrum, then its forward op), or with ``correlate`` the anti-causal correlation y[n] = sum_{m >= n} k[m - n] w[m] (the
 pieces of a long sequence's block decomposition need both, see blocks.py). Its backward, with
 z = grad_y * postgate and w = u * pregate, all on the kernels (the correlation is the
 convolution's adjoint, and the other way round):
@@ -32,18 +32,24 @@ import torch
 
 from .. import _scaffold
 from . import plan, reference
-from .plan import SM80
+from .plan import FAMILIES
 
-FORWARD = getattr(torch.ops.tk, SM80.op_name).default
+#: The forward op of each family, by family name.
+FORWARD = {family.name: getattr(torch.ops.tk, family.op_name).default for family in FAMILIES}
 FILTER_GRAD = torch.ops.tk.fftconv_filter_grad_sm80.default
 SPECTRUM = torch.ops.tk.fftconv_filter_spectrum.default
 
 
-@torch.library.register_fake(f"tk::{SM80.op_name}")
-def _forward_fake(u, k_spectrum, pregate, postgate, fft_size, conjugate=False):
-    torch._check(u.dim() == 3 and u.dtype in _scaffold.KERNEL_DTYPES,
-                 lambda: f"tk::{SM80.op_name}: u must be a 3-D bfloat16 or float16 tensor")
-    return u.new_empty(u.shape)
+def _register_forward_fake(op_name: str) -> None:
+    @torch.library.register_fake(f"tk::{op_name}")
+    def _forward_fake(u, k_spectrum, pregate, postgate, fft_size, conjugate=False):
+        torch._check(u.dim() == 3 and u.dtype in _scaffold.KERNEL_DTYPES,
+                     lambda: f"tk::{op_name}: u must be a 3-D bfloat16 or float16 tensor")
+        return u.new_empty(u.shape)
+
+
+for _family in FAMILIES:
+    _register_forward_fake(_family.op_name)
 
 
 @torch.library.register_fake("tk::fftconv_filter_grad_sm80")
@@ -55,38 +61,40 @@ def _filter_grad_fake(dy, u, fft_size):
 
 @torch.library.custom_op("tk::fftconv", mutates_args=())
 def fftconv_op(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
-               postgate: torch.Tensor | None, fft_size: int, correlate: bool = False) -> torch.Tensor:
-    return FORWARD(u, SPECTRUM(k.float(), fft_size), pregate, postgate, fft_size, correlate)
+               postgate: torch.Tensor | None, fft_size: int, correlate: bool = False,
+               family: str = "sm80") -> torch.Tensor:
+    # Not "kernel": inductor's fallback-kernel constructor has an argument of that name.
+    return FORWARD[family](u, SPECTRUM(k.float(), fft_size), pregate, postgate, fft_size, correlate)
 
 
 @fftconv_op.register_fake
-def _fftconv_fake(u, k, pregate, postgate, fft_size, correlate=False):
+def _fftconv_fake(u, k, pregate, postgate, fft_size, correlate=False, family="sm80"):
     return u.new_empty(u.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    u, k, pregate, postgate, fft_size, correlate = inputs
+    u, k, pregate, postgate, fft_size, correlate, family = inputs
     ctx.save_for_backward(u, k, pregate, postgate)
-    ctx.fft_size, ctx.correlate = fft_size, correlate
+    ctx.fft_size, ctx.correlate, ctx.family = fft_size, correlate, family
 
 
 def _backward(ctx, grad):
     u, k, pregate, postgate = ctx.saved_tensors
     needs_u, needs_k, needs_pre, needs_post = ctx.needs_input_grad[:4]
-    fft_size, correlate = ctx.fft_size, ctx.correlate
+    fft_size, correlate, forward = ctx.fft_size, ctx.correlate, FORWARD[ctx.family]
     grad = _scaffold.operand(grad.to(u.dtype))
     grad_u = grad_k = grad_pre = grad_post = None
     if needs_u or needs_pre or needs_post:
         spectrum = SPECTRUM(k.float(), fft_size)
         if needs_post:
-            grad_post = FORWARD(u, spectrum, pregate, grad, fft_size, correlate)
+            grad_post = forward(u, spectrum, pregate, grad, fft_size, correlate)
         if needs_pre:
-            grad_w = FORWARD(grad, spectrum, postgate, None, fft_size, not correlate)
+            grad_w = forward(grad, spectrum, postgate, None, fft_size, not correlate)
             grad_pre = grad_w * u
             if needs_u:
                 grad_u = grad_w * pregate
         elif needs_u:
-            grad_u = FORWARD(grad, spectrum, postgate, pregate, fft_size, not correlate)
+            grad_u = forward(grad, spectrum, postgate, pregate, fft_size, not correlate)
     if needs_k:
         z = grad if postgate is None else grad * postgate
         w = u if pregate is None else u * pregate
@@ -96,7 +104,7 @@ def _backward(ctx, grad):
         else:
             grad_k = reference.filter_gradient(dy, x, k.shape[-1])
         grad_k = grad_k.to(k.dtype)
-    return grad_u, grad_k, grad_pre, grad_post, None, None
+    return grad_u, grad_k, grad_pre, grad_post, None, None, None
 
 
 fftconv_op.register_autograd(_backward, setup_context=_setup_context)

@@ -22,7 +22,14 @@ from .._scaffold import KernelFamily, Plan
 
 SM80 = KernelFamily(op="fftconv", name="sm80", description="sm80 mma.sync",
                     op_name="fftconv_fwd_sm80", min_capability=(8, 0))
-FAMILIES: tuple[KernelFamily, ...] = (SM80,)
+# Hopper's wgmma kernels for N = 2048 and 4096 (WGMMA_LENGTHS; the other lengths run the sm80
+# kernels). Second in "auto" order: they are still slower than the mma.sync ones on an H100
+# (docs/performance.md), so they run where forced (use_kernel("sm90", op="fftconv")).
+SM90 = KernelFamily(op="fftconv", name="sm90", description="sm90 wgmma",
+                    op_name="fftconv_fwd_sm90", min_capability=(9, 0), exact_capability=(9, 0))
+FAMILIES: tuple[KernelFamily, ...] = (SM80, SM90)
+#: The lengths the sm90 family runs on its wgmma kernels.
+WGMMA_LENGTHS = (2048, 4096)
 BY_NAME = _scaffold.register_families(*FAMILIES)
 
 #: The lengths N with a kernel (its FFT has 2N points); other N are padded up to the next one.
@@ -76,13 +83,18 @@ def _shared_memory_optin(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
-def device_lengths(u, pregate, postgate) -> tuple[int, ...]:
-    """The kernel lengths whose forward kernel fits the shared memory per block of u's GPU: with
-    a pregate where either gate is given (the backward feeds the postgate to the forward kernel as
-    its pregate)."""
+def forward_shared_bytes(fft_size: int, gated: bool, family: KernelFamily = SM80) -> int:
+    """The shared memory per block of ``family``'s forward kernel for fft_size."""
+    return FFTCONV_SHARED_BYTES[fft_size][int(gated) + (3 if family is SM90 else 0)]
+
+
+def device_lengths(u, pregate, postgate, family: KernelFamily = SM80) -> tuple[int, ...]:
+    """The kernel lengths whose forward kernel (``family``'s) fits the shared memory per block of
+    u's GPU: with a pregate where either gate is given (the backward feeds the postgate to the
+    forward kernel as its pregate)."""
     available = _shared_memory_optin(u.device.index)
-    gated = 0 if pregate is None and postgate is None else 1
-    return tuple(n for n in KERNEL_LENGTHS if FFTCONV_SHARED_BYTES[2 * n][gated] <= available)
+    gated = pregate is not None or postgate is not None
+    return tuple(n for n in KERNEL_LENGTHS if forward_shared_bytes(2 * n, gated, family) <= available)
 
 
 def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, str | None]:
@@ -94,10 +106,10 @@ def decide(u, k, pregate, postgate) -> tuple[KernelFamily | None, int | None, st
     family, reason = _scaffold.choose_family("fftconv", u.device)
     if family is None:
         return None, None, reason
-    lengths = device_lengths(u, pregate, postgate)
+    lengths = device_lengths(u, pregate, postgate, family)
     if not lengths:
         shortest = KERNEL_LENGTHS[0]
-        needed = FFTCONV_SHARED_BYTES[2 * shortest][0 if pregate is None else 1]
+        needed = forward_shared_bytes(2 * shortest, pregate is not None, family)
         return None, None, (f"{_scaffold.forced_prefix(family)}the kernel for length {shortest}"
                             f"{' with a pregate' if pregate is not None else ''} needs {needed} bytes "
                             f"of shared memory per block, this GPU has {_shared_memory_optin(u.device.index)}")
@@ -124,4 +136,5 @@ def explain(u, k, pregate, postgate, copies) -> FFTConvPlan:
                        op=f"tk.{family.op_name}" if family else None, dtype=u.dtype,
                        copies=copies if family else (), strict=_config.strict_enabled(),
                        length=int(u.shape[-1]), fft_size=fft_size, gates=gates,
-                       blocks=block_count(int(u.shape[-1]), device_lengths(u, pregate, postgate)) if family else 1)
+                       blocks=block_count(int(u.shape[-1]), device_lengths(u, pregate, postgate, family))
+                       if family else 1)

@@ -39,6 +39,15 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                  : "memory");
 #endif
 }
+// stmatrix_x4 with each 8x8 matrix transposed on its way: row i of matrix q in memory holds
+// column i of the fragment's matrix q (its address from lane 8q + i).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#endif
+}
 }  // namespace detail
 
 // How the registers of a 16-bit tile will be consumed by mma. ldmatrix writes a

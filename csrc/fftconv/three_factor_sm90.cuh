@@ -1,0 +1,360 @@
+// Three factors on Hopper: the transform of three_factor.cuh (L = R x 16 x 16, R = 16 or 32,
+// x[r, p, q] = x[q + 16 p + 256 r], frequency k = k_r + R k_p + 16 R k_q) with every product a
+// warpgroup's wgmma. A product contracts one index of the pair's R x 16 x 16 array; the other
+// two are its M rows, 64 per warpgroup. wgmma reads a shared operand either K-major or
+// MN-major, so each step stores its result (stmatrix, plain or transposed) in whichever
+// layout the next product reads, and no step rearranges data in registers.
+//
+//   phase 1, warpgroup g (p = 4g .. 4g + 3, warp w: p = 4g + w):
+//     F1  Y[(p, q), k_r] = sum_r x[r, (p, q)] F_R[k_r, r]      (r < R/2)
+//     T1  Y *= w_L^(k_r (q + 16 p))                     -> y[p][(k_r, q)]
+//   phase 2, warpgroup g, 4 k_r at a time (warp w: one k_r):
+//     F2  Z[(k_r, q), k_p] = sum_p y[p][(k_r, q)] F_16[k_p, p]
+//     T2  Z *= w_256^(k_p q)                             -> scratch[q][(k_r, k_p)]
+//     F3  W[(k_r, k_p), k_q] = sum_q scratch[q][(k_r, k_p)] F_16[k_q, q]   = fft(x)[k]
+//         W *= K (the filter's spectrum)
+//     G3  V[(k_r, k_p), q] = sum_k_q W[(k_r, k_p), k_q] conj(F_16[k_q, q]) (W from registers)
+//     T2* V *= conj(w_256^(k_p q))                       -> y[k_p][(k_r, q)] (over F2's input)
+//     G2  U[(k_r, q), p] = sum_k_p y[k_p][(k_r, q)] conj(F_16[p, k_p])
+//     T1* U *= conj(w_L^(k_r (q + 16 p)))                -> u[k_r][(p, q)]
+//   phase 3, warpgroup g (p = 4g + w):
+//     G1  out[(p, q), r] = sum_k_r u[k_r][(p, q)] conj(F_R[r, k_r])   (r < R/2)
+//
+// Phases 1 and 3 need every p (resp. k_r) of the pair and phase 2 every k_r: block barriers
+// between the phases; inside phase 2 a warpgroup only reads what its own warps wrote
+// (warpgroup barriers). The scratch of F3's input is the current stage's input tile, free
+// once F1 has read it. Scaling, roundings and the spectrum's order are those of
+// three_factor.cuh.
+#pragma once
+#include "fftconv/three_factor.cuh"
+#include "kittens/hopper/hopper.cuh"
+
+namespace tk::fftconv {
+namespace {
+
+template <typename T, int R_>
+struct ThreeFactorWgmma {
+    using dtype = T;
+    static constexpr bool THREE_FACTORS = true;
+    static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
+    static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;
+    static constexpr int WARPGROUPS = 4, WARPS = 4 * WARPGROUPS, THREADS = WARPS * kt::WARP_THREADS;
+    // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per step.
+    static constexpr int KR_GROUPS = R / 4;
+    // The stage's input tile is phase 2's scratch (16 rows q x 64 columns per warpgroup).
+    static_assert(XR == kt::TILE_DIM && (R == 16 || R == 32), "ThreeFactorWgmma: R = 16 or 32");
+    static constexpr int STAGES = 2;
+    using seq_tile = kt::st<T, XR, PQ>;           // rows r, columns (p, q); rows >= R/2 zero
+    using p_rows = kt::st<T, P, R * Q>;           // y: rows p (then k_p), columns (k_r, q)
+    using kr_rows = kt::st<T, R, PQ>;             // u: rows k_r, columns (p, q)
+    using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
+    using sub16 = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM>;
+
+    struct Tables {                    // once per block
+        kt::st<T, R, XR> fr[3];        // F_R[k_r, r] / sqrt(R) for r < R/2 (else 0): re, im, -im
+        kt::st<T, XR, R> fr_t[3];      // its transpose, F_R[r, k_r] / sqrt(R) for r < R/2
+        kt::st<T, 16, 16> f16[3];      // F_16 / 4 (symmetric): re, im, -im
+        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q), fragment order of a 16 x R tile (rows q, cols k_r)
+        float4 twiddle_pk[P * R / 2];    // w_L^(16 k_r p), [p][k_r], two k_r per float4
+        float2 twiddle_kp[R * P];        // w_L^(16 k_r p), [k_r][p]
+        float2 twiddle_kq[R * Q];        // w_L^(k_r q), [k_r][q]
+        float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
+    };
+    struct Shared {
+        seq_tile x[STAGES][2];          // the pair's input (re, im); phase 2's scratch; output staging
+        p_rows y[2];
+        kr_rows u[2];
+        float4 spectrum[L / 2];         // the filter's, in phase 2's fragment order (three_factor.cuh)
+        Tables tab;
+    };
+    using PreStages = seq_tile[STAGES][2];
+    static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
+    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
+};
+
+template <typename C>
+__device__ __forceinline__ void init_wgmma_tables(typename C::Tables& tab, int thread) {
+    using T = typename C::dtype;
+    constexpr int R = C::R, P = C::P, Q = C::Q, L = C::L, XR = C::XR, HALF = C::HALF, PQ = C::PQ;
+    for (int e = thread; e < R * Q / 2; e += C::THREADS) {
+        const int l = e % 32, k = (e / 32) % 4, j = e / 128;
+        const int q = 8 * (k % 2) + l / 4, kr = kt::TILE_DIM * j + 8 * (k / 2) + 2 * (l % 4);
+        const float2 v0 = unit_root(kr * q, L), v1 = unit_root((kr + 1) * q, L);
+        tab.twiddle_frag[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
+        const int p = e / (R / 2), kr2 = 2 * (e % (R / 2));
+        const float2 c0 = unit_root(Q * kr2 * p, L), c1 = unit_root(Q * (kr2 + 1) * p, L);
+        tab.twiddle_pk[e] = make_float4(c0.x, c0.y, c1.x, c1.y);
+    }
+    for (int e = thread; e < R * Q; e += C::THREADS) {
+        tab.twiddle_kq[e] = unit_root((e / Q) * (e % Q), L);
+        tab.twiddle_kp[e] = unit_root(Q * (e / P) * (e % P), L);
+    }
+    for (int e = thread; e < PQ / 2; e += C::THREADS) {
+        const int l = e % 32, k = e / 32;
+        const int row = 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
+        const float2 w0 = unit_root(row * col, PQ), w1 = unit_root(row * (col + 1), PQ);
+        tab.twiddle2[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
+    }
+    const float r_scale = rsqrtf(float(R));
+    for (int e = thread; e < R * XR; e += C::THREADS) {
+        const int kr = e / XR, r = e % XR;
+        const float2 w = unit_root(kr * r, R);
+        const float re = r < HALF ? w.x * r_scale : 0.f, im = r < HALF ? w.y * r_scale : 0.f;
+        *tab.fr[0].ptr(kr, r) = kt::convert<T>(re);
+        *tab.fr[1].ptr(kr, r) = kt::convert<T>(im);
+        *tab.fr[2].ptr(kr, r) = kt::convert<T>(-im);
+        *tab.fr_t[0].ptr(r, kr) = kt::convert<T>(re);
+        *tab.fr_t[1].ptr(r, kr) = kt::convert<T>(im);
+        *tab.fr_t[2].ptr(r, kr) = kt::convert<T>(-im);
+    }
+    for (int e = thread; e < 256; e += C::THREADS) {
+        const int row = e / 16, col = e % 16;
+        const float2 w = unit_root(row * col, 16);
+        *tab.f16[0].ptr(row, col) = kt::convert<T>(w.x * 0.25f);
+        *tab.f16[1].ptr(row, col) = kt::convert<T>(w.y * 0.25f);
+        *tab.f16[2].ptr(row, col) = kt::convert<T>(-w.y * 0.25f);
+    }
+}
+
+// (re, im) *= w0 (x) and w1 (y), or by their conjugates.
+template <bool CONJ>
+__device__ __forceinline__ void cmul_pair(float2& re, float2& im, float2 w0, float2 w1) {
+    const float2 r = re, m = im;
+    re = CONJ ? make_float2(fmaf(r.x, w0.x, m.x * w0.y), fmaf(r.y, w1.x, m.y * w1.y))
+              : make_float2(fmaf(r.x, w0.x, -m.x * w0.y), fmaf(r.y, w1.x, -m.y * w1.y));
+    im = CONJ ? make_float2(fmaf(m.x, w0.x, -r.x * w0.y), fmaf(m.y, w1.x, -r.y * w1.y))
+              : make_float2(fmaf(r.x, w0.y, m.x * w0.x), fmaf(r.y, w1.y, m.y * w1.x));
+}
+
+__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
+    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+
+// d = a * b (complex; b a K-major shared operand given as re, im, -im) as one committed wgmma
+// group, still in flight on return. MODE: 0 d = a b, 1 d = a conj(b). a is a transposed shared
+// operand (K x 64) or this warp's register tiles.
+template <int MODE, typename D, typename A, typename ST>
+__device__ __forceinline__ void issue_complex(complex_tile<D>& d, const A& a_re, const A& a_im, const ST (&b)[3]) {
+    auto product = [](D& acc, const A& a, const ST& bt, bool accumulate) {
+        if constexpr (kt::register_tile<A>) kt::wgmma::mma_ABt(acc, a, bt, accumulate);
+        else kt::wgmma::mma_AtBt(acc, a, bt, accumulate);
+    };
+    kt::wgmma::fence();
+    if constexpr (MODE == 0) {  // (a_re + i a_im)(b_re + i b_im)
+        product(d.re, a_re, b[0], false);
+        product(d.re, a_im, b[2], true);
+        product(d.im, a_re, b[1], false);
+        product(d.im, a_im, b[0], true);
+    } else {                    // (a_re + i a_im)(b_re - i b_im)
+        product(d.re, a_re, b[0], false);
+        product(d.re, a_im, b[1], true);
+        product(d.im, a_im, b[0], false);
+        product(d.im, a_re, b[2], true);
+    }
+    kt::wgmma::commit();
+}
+
+// After the wgmma group that wrote d has completed: its registers may be read.
+template <typename D>
+__device__ __forceinline__ void landed(complex_tile<D>& d) {
+    kt::wgmma::fence_operand(d.re);
+    kt::wgmma::fence_operand(d.im);
+}
+
+// dst = src^T rounded to 16 bits: a product's result as the A operand of one that contracts
+// its rows.
+template <typename T>
+__device__ __forceinline__ void transposed_operand(complex_tile<kt::rt<T, 16, 16>>& dst,
+                                                   const complex_tile<kt::rt_fl<16, 16>>& src) {
+    kt::rt<T, 16, 16> t;
+    kt::copy(t, src.re);
+    kt::transpose(dst.re, t);
+    kt::copy(t, src.im);
+    kt::transpose(dst.im, t);
+}
+
+// Phase 1 for warpgroup `group`: F1 and T1 of the pair's input x (re, im) into y; this warp's
+// rows are p = 4 group + warp in group.
+template <typename C>
+__device__ __forceinline__ void wgmma_phase1(typename C::Tables& tab, typename C::seq_tile (&x)[2],
+                                             typename C::p_rows (&y)[2], int group, int p) {
+    using T = typename C::dtype;
+    using acc = kt::rt_fl<kt::TILE_DIM, C::R>;
+    constexpr int R = C::R, Q = C::Q;
+    complex_tile<acc> d;
+    issue_complex<0>(d, kt::subtile<C::XR, 64>(x[0], 0, group), kt::subtile<C::XR, 64>(x[1], 0, group), tab.fr);
+    kt::wgmma::wait<0>();
+    landed(d);
+    const int lane = kt::lane_id();
+    kt::for_each_pair(d.re, [&](int, int j, int k, float2& re) {  // rows q, cols k_r
+        const int kr = j * kt::TILE_DIM + acc::col_in_base(k, 0);
+        const float4 v = tab.twiddle_frag[(j * 4 + k) * kt::WARP_THREADS + lane];  // w_L^(k_r q)
+        const float4 c = tab.twiddle_pk[p * (R / 2) + kr / 2];                     // w_L^(16 k_r p)
+        cmul_pair<false>(re, d.im.tiles[0][j].data[k], cmul(make_float2(v.x, v.y), make_float2(c.x, c.y)),
+                         cmul(make_float2(v.z, v.w), make_float2(c.z, c.w)));
+    });
+    for (int j = 0; j < 2; j++)
+        store_runs<true, T>(j ? d.im : d.re, [&](int q, int kr) { return y[j].address(p, kr * Q + q); });
+}
+
+// Phase 2 for warpgroup `group`: its k_r are 4 (group + 4 j) + warp in group for j < JOBS,
+// each warp's k_r a chain of products with its operands in registers (F3 and G2 take their
+// input transposed in registers, F2 and G3 read y and the DFT tables from shared memory). With
+// two k_r per warp their chains interleave: one's products run while the other's twiddles do.
+template <typename C>
+__device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C::p_rows (&y)[2],
+                                             typename C::kr_rows (&u)[2], const float4* spectrum, int group) {
+    using T = typename C::dtype;
+    using acc16 = typename C::acc16;
+    constexpr int Q = C::Q, P = C::P, PQ = C::PQ, JOBS = C::KR_GROUPS / C::WARPGROUPS;
+    static_assert(JOBS == 1 || JOBS == 2);
+    const int in_group = kt::warp_id() % 4;
+    complex_tile<acc16> d[JOBS];
+    complex_tile<typename C::sub16> a[JOBS];
+    // Groups in flight: at most one per job, issued in job order, so the older one is job j's.
+    auto wait_older = [] {
+        if constexpr (JOBS == 2) kt::wgmma::wait<1>();
+        else kt::wgmma::wait<0>();
+    };
+#pragma unroll
+    for (int j = 0; j < JOBS; j++) {  // F2: rows q, cols k_p
+        const int G = group + C::WARPGROUPS * j;
+        issue_complex<0>(d[j], kt::subtile<16, 64>(y[0], 0, G), kt::subtile<16, 64>(y[1], 0, G), tab.f16);
+    }
+#pragma unroll
+    for (int j = 0; j < JOBS; j++) {
+        wait_older();
+        landed(d[j]);
+        cmul_fragments(d[j], tab.twiddle2);  // T2
+        transposed_operand(a[j], d[j]);      // rows k_p, cols q
+        issue_complex<0>(d[j], a[j].re, a[j].im, tab.f16);  // F3: rows k_p, cols k_q
+    }
+#pragma unroll
+    for (int j = 0; j < JOBS; j++) {
+        wait_older();
+        landed(d[j]);
+        kt::wgmma::fence_operand(a[j].re);
+        kt::wgmma::fence_operand(a[j].im);
+        const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
+        cmul_fragments(d[j], spectrum + kr * (PQ / 2));  // times the filter's spectrum
+        kt::copy(a[j].re, d[j].re);
+        kt::copy(a[j].im, d[j].im);
+        issue_complex<1>(d[j], a[j].re, a[j].im, tab.f16);  // G3: rows k_p, cols q
+    }
+#pragma unroll
+    for (int j = 0; j < JOBS; j++) {
+        wait_older();
+        landed(d[j]);
+        kt::wgmma::fence_operand(a[j].re);
+        kt::wgmma::fence_operand(a[j].im);
+        cmul_fragments<true>(d[j], tab.twiddle2);  // T2*
+        transposed_operand(a[j], d[j]);            // rows q, cols k_p
+        issue_complex<1>(d[j], a[j].re, a[j].im, tab.f16);  // G2: rows q, cols p
+    }
+#pragma unroll
+    for (int j = 0; j < JOBS; j++) {
+        if (j + 1 < JOBS) wait_older();
+        else kt::wgmma::wait<0>();
+        landed(d[j]);
+        kt::wgmma::fence_operand(a[j].re);
+        kt::wgmma::fence_operand(a[j].im);
+        const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
+        kt::for_each_pair(d[j].re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
+            const int q = acc16::row_in_base(k, 0), p = acc16::col_in_base(k, 0);
+            const float2 w = tab.twiddle_kq[kr * Q + q];
+            const float4 c = *reinterpret_cast<const float4*>(&tab.twiddle_kp[kr * P + p]);
+            cmul_pair<true>(re, d[j].im.tiles[0][0].data[k], cmul(w, make_float2(c.x, c.y)), cmul(w, make_float2(c.z, c.w)));
+        });
+        for (int c = 0; c < 2; c++)
+            store_runs<true, T>(c ? d[j].im : d[j].re, [&](int q, int p) { return u[c].address(kr, p * Q + q); });
+    }
+}
+
+template <typename T, int R>
+__global__ void __launch_bounds__(ThreeFactorWgmma<T, R>::THREADS, 1)
+    three_factor_wgmma_forward(const __grid_constant__ Args<T> a) {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
+#else
+    using C = ThreeFactorWgmma<T, R>;
+    static_assert(spectrum_order_is_a_permutation<C>());
+    constexpr int N = C::N, HALF = C::HALF, Q = C::Q, PQ = C::PQ, THREADS = C::THREADS;
+    extern __shared__ char smem[];
+    shared_carver carve(smem);
+    auto& s = carve.allocate<typename C::Shared>();
+    typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
+    const int warp = kt::warp_id(), thread = threadIdx.x, group = warp / 4;
+    const Tasks tasks = tasks_of(a);
+    if (tasks.first >= tasks.last) return;
+
+    auto issue_loads = [&](int t, int stage) {
+        load_task_inputs_async<THREADS, N>(s.x[stage], pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
+    };
+    // As three_factor_forward: groups in flight are [task t's input][the spectrum] or [task t's input].
+    issue_loads(tasks.first, 0);
+    kt::cp_async_commit();
+    gather_spectrum_async<C>(s.spectrum, a, tasks.first / a.pairs, thread);
+    kt::cp_async_commit();
+    bool spectrum_pending = true;
+    for (int i = 0; i < C::STAGES; i++) {
+        zero_padding_rows<C>(s.x[i][0], thread);
+        zero_padding_rows<C>(s.x[i][1], thread);
+    }
+    init_wgmma_tables<C>(s.tab, thread);
+
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
+        const int h = t / a.pairs, pair = t - h * a.pairs;
+        auto& x = s.x[i % C::STAGES];
+        if (spectrum_pending) kt::cp_async_wait<1>();
+        else kt::cp_async_wait<0>();
+        if (pre != nullptr) {
+            apply_gate<THREADS, N>(x[0], (*pre)[i % C::STAGES][0], thread);
+            apply_gate<THREADS, N>(x[1], (*pre)[i % C::STAGES][1], thread);
+        }
+        kt::fence_async_proxy();  // the input (and the tables), before wgmma reads them
+        __syncthreads();          // task t's input visible; every warp is done with task t - 1
+        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
+        kt::cp_async_commit();
+
+        wgmma_phase1<C>(s.tab, x, s.y, group, warp);
+        if (spectrum_pending) {
+            kt::cp_async_wait<1>();
+            fix_spectrum_signs<C>(s.spectrum, a.conjugate, thread);
+            spectrum_pending = false;
+        }
+        kt::fence_async_proxy();
+        __syncthreads();  // y complete
+
+        wgmma_phase2<C>(s.tab, s.y, s.u, s.spectrum, group);
+        kt::fence_async_proxy();
+        __syncthreads();  // u complete
+        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
+            gather_spectrum_async<C>(s.spectrum, a, h + 1, thread);
+            kt::cp_async_commit();
+            spectrum_pending = true;
+        }
+
+        // Phase 3: G1 for this warp's p, the postgate, and out through x (rows r, columns (p, q)).
+        const int p = warp;
+        using out_acc = kt::rt_fl<kt::TILE_DIM, C::XR>;
+        complex_tile<out_acc> d;
+        issue_complex<1>(d, kt::subtile<R, 64>(s.u[0], 0, group), kt::subtile<R, 64>(s.u[1], 0, group), s.tab.fr_t);
+        kt::wgmma::wait<0>();
+        landed(d);
+        const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
+        const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);
+        if (a.postgate != nullptr)
+            apply_postgate_elements(d, post.seq[0], post.seq[1], a.seqlen, [&](int q, int r) { return r * PQ + Q * p + q; });
+        // Rows r >= R/2 are exact zeros (fr_t's), which R = 16 needs in its padding rows.
+        for (int j = 0; j < 2; j++)
+            store_runs<true, T>(j ? d.im : d.re, [&](int q, int r) { return x[j].address(r, Q * p + q); });
+        __syncwarp();
+        for (int j = 0; j < 2; j++)
+            if (out.seq[j] != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out.seq[j], a.seqlen, x[j], 0, Q * p);
+    }
+    kt::cp_async_wait<0>();
+#endif
+}
+
+}  // namespace
+}  // namespace tk::fftconv
