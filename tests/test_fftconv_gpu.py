@@ -1,5 +1,6 @@
 """tk.fftconv and tk.FFTConv on a GPU, called as users call them: the kernel path (explain says
-``kernel tk.fftconv_fwd_sm80``, and strict mode turns any fallback into an error) against a
+``kernel tk.fftconv_fwd_sm80``, and strict mode turns any fallback into an error; the sm90 family
+where forced) against a
 float64 torch.fft reference at every kernel length and lengths in between, both dtypes, with and
 without gates, filters shorter than the sequence, strided and misaligned views, fp32 and lengths
 past the longest kernel on torch.fft (with the reason), gradients of u, k and both gates against
@@ -341,6 +342,45 @@ def test_gradients_match_float64_autograd(dtype, gates, n, nk):
     eps = EPS[dtype]
     for name, leaf, got, want in zip(names, inputs, ours, expected):
         assert got.dtype == leaf.dtype, (name, got.dtype)
+        if name == "k":
+            assert_within(got, want, FILTER_GRAD_REL_FACTOR * eps, FILTER_GRAD_MAX_FACTOR * eps, "grad of k")
+        else:
+            assert_within(got, want, GRAD_REL_FACTOR * eps, GRAD_MAX_FACTOR * eps, f"grad of {name}")
+
+
+# ---- the sm90 family (forced) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, nk", [(2048, 2048), (4096, 4096), (1000, 300), (3000, 3000)])
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_forced_sm90_forward_and_gradients(dtype, gates, n, nk):
+    """use_kernel("sm90", op="fftconv"): the wgmma kernels at N = 2048 and 4096 (and the lengths
+    padded to them) for the forward and the backward's convolutions, against float64, by the
+    docstring's bounds."""
+    if not (torch.cuda.get_device_capability() == (9, 0) and _extension.has_arch_specific_code_for((9, 0))):
+        pytest.skip("the sm90 family needs an sm_90 GPU and a 90a build")
+    seeded("sm90 grad", dtype, gates, n, nk)
+    u = torch.randn(3, 3, n, device="cuda", dtype=dtype, requires_grad=True)
+    k = make_filter(3, nk).requires_grad_()
+    pre, post = (None if g is None else g.requires_grad_() for g in make_gates(u.shape, dtype, gates))
+    names, inputs = zip(*((name, t) for name, t in (("u", u), ("k", k), ("pregate", pre), ("postgate", post))
+                          if t is not None))
+    with tk.use_kernel("sm90", op="fftconv"), tk.strict():
+        plan = tk.explain_fftconv(u, k, pre, post)
+        assert str(plan).startswith(f"kernel tk.fftconv_fwd_sm90 [sm90 wgmma] {DTYPE_NAMES[dtype]} n={n} "
+                                    f"fft={4096 if n <= 2048 else 8192}"), str(plan)
+        y = tk.fftconv(u, k, pre, post)
+        assert_close(y.detach(), u.detach(), k.detach(), None if pre is None else pre.detach(),
+                     None if post is None else post.detach())
+        grad = torch.randn_like(y)
+        ours = torch.autograd.grad(y, inputs, grad)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    by_name = dict(zip(names, leaves))
+    ref = reference(by_name["u"], by_name["k"], by_name.get("pregate"), by_name.get("postgate"))
+    expected = torch.autograd.grad(ref, leaves, grad.double())
+    eps = EPS[dtype]
+    for name, got, want in zip(names, ours, expected):
         if name == "k":
             assert_within(got, want, FILTER_GRAD_REL_FACTOR * eps, FILTER_GRAD_MAX_FACTOR * eps, "grad of k")
         else:

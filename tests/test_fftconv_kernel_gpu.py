@@ -2,7 +2,10 @@
 a float64 torch.fft reference: every kernel length, lengths in between (zero padding), both
 dtypes, with and without gates, filters shorter than the sequence, strided inputs, many batches
 and heads, persistent blocks running many tasks across heads, unwritten output elements; and the
-filter spectrum op's layout.
+filter spectrum op's layout. tk::fftconv_fwd_sm90 (its wgmma kernels, N = 2048 and 4096, on an
+sm_90 GPU) under the same rule: every dtype and gate, the correlation, lengths in between,
+strided inputs, batches and heads over blocks, unwritten elements; at its other lengths it is
+the sm80 kernel, bit for bit.
 
 Tolerance. eps = 2^-8 (bf16) or 2^-11 (fp16), the spacing of the 16-bit numbers at 1. Rounding
 one tensor of these values to 16 bits costs about 0.42 eps of relative L2 error. The kernel rounds
@@ -38,6 +41,7 @@ import pytest
 import torch
 
 import thunderkittens  # noqa: F401  (loads the extension: registers torch.ops.tk.*)
+from thunderkittens import _extension
 from gpu_support import (fftconv_inputs, fftconv_reference as reference, kernel_length, make_filter,
                          require_kernel_op, seeded)
 
@@ -64,7 +68,7 @@ def kernel_must_run_here():
     require_kernel_op("fftconv", "fftconv_fwd_sm80", probe)
 
 
-def fftconv(u, k, pregate=None, postgate=None, fft_size=None):
+def fftconv(u, k, pregate=None, postgate=None, fft_size=None, op=None):
     """The op as tk.fftconv will call it: k's spectrum for the kernel length, u (and the gates)
     zero-padded to a multiple of 8 when needed, y sliced back."""
     n = u.shape[-1]
@@ -75,7 +79,7 @@ def fftconv(u, k, pregate=None, postgate=None, fft_size=None):
     if pad:
         u, pregate, postgate = (None if t is None else torch.nn.functional.pad(t, (0, pad))
                                 for t in (u, pregate, postgate))
-    y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pregate, postgate, fft_size)
+    y = (op or torch.ops.tk.fftconv_fwd_sm80)(u, spectrum, pregate, postgate, fft_size)
     return y[..., :n] if pad else y
 
 
@@ -93,13 +97,13 @@ def assert_close(y, u, k, pregate=None, postgate=None):
     assert worst <= MAX_FACTOR * eps, f"max error {worst / eps:.2f} eps * max|ref| > {MAX_FACTOR} eps"
 
 
-def call_on_poisoned_memory(u, spectrum, pregate, postgate, fft_size):
+def call_on_poisoned_memory(u, spectrum, pregate, postgate, fft_size, conjugate=False, op=None):
     """The op's output lands in memory just filled with NaN (the caching allocator hands the freed
     block back to the next request of the same size), so an element the kernel forgets stays NaN."""
     poison = torch.full(u.shape, math.nan, dtype=u.dtype, device=u.device)
     address = poison.data_ptr()
     del poison
-    y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pregate, postgate, fft_size)
+    y = (op or torch.ops.tk.fftconv_fwd_sm80)(u, spectrum, pregate, postgate, fft_size, conjugate)
     assert y.data_ptr() == address, "the output did not reuse the NaN block"
     return y
 
@@ -370,6 +374,93 @@ def test_rejects_what_the_kernel_cannot_take():
 
 
 # ---- benchmark ------------------------------------------------------------------------------
+
+# ---- tk::fftconv_fwd_sm90 (wgmma) ---------------------------------------------------------------
+
+WGMMA_LENGTHS = [2048, 4096]
+
+
+@pytest.fixture
+def sm90_op():
+    if not (torch.cuda.get_device_capability() == (9, 0) and _extension.has_arch_specific_code_for((9, 0))):
+        pytest.skip("tk::fftconv_fwd_sm90 needs an sm_90 GPU and a 90a build")
+    return torch.ops.tk.fftconv_fwd_sm90
+
+
+@pytest.mark.parametrize("conjugate", [False, True], ids=["convolution", "correlation"])
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", WGMMA_LENGTHS)
+def test_sm90_matches_reference(sm90_op, n, dtype, gates, conjugate):
+    seeded("sm90", n, dtype, gates, conjugate)
+    u, k, pre, post = fftconv_inputs(3, 5, n, dtype, gates)  # odd batch: the last pair has one real sequence
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n, conjugate, op=sm90_op)
+    assert y.is_contiguous()
+    if conjugate:
+        expected = correlation_reference(u, k, pre, post)
+        eps = EPS[dtype]
+        assert torch.isfinite(y).all()
+        assert (y.double() - expected).norm() <= REL_FACTOR * eps * expected.norm()
+        assert (y.double() - expected).abs().max() <= MAX_FACTOR * eps * expected.abs().max()
+    else:
+        assert_close(y, u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", [8, 1000, 1032, 2040, 2056, 3000, 4088])
+def test_sm90_lengths_below_the_kernel_length(sm90_op, n):
+    """Sequences shorter than the kernel length (the FFT size of the next wgmma length): the zero
+    padding, and the outputs past the sequence not written."""
+    seeded("sm90 lengths", n)
+    fft_size = 4096 if n <= 2048 else 8192
+    u, k, pre, post = fftconv_inputs(4, 3, n, torch.bfloat16, "both", filter_length=min(n, 100))
+    assert_close(fftconv(u, k, pre, post, fft_size=fft_size, op=sm90_op), u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", WGMMA_LENGTHS)
+def test_sm90_strided_inputs(sm90_op, n):
+    seeded("sm90 strided", n)
+    base = torch.randn(4, 6, n + 16, device="cuda", dtype=torch.float16)
+    u = base[:, ::2, 8:8 + n]  # head stride 2 (n + 16), batch stride 6 (n + 16), data 16-byte aligned
+    gates = torch.randn(3, 4, n, device="cuda", dtype=torch.float16).transpose(0, 1)  # head stride 4 n
+    k = make_filter(3, n)
+    y = fftconv(u, k, gates, gates, op=sm90_op)
+    assert_close(y, u, k, gates, gates)
+
+
+@pytest.mark.parametrize("batch, heads", [(1, 1), (2, 1), (5, 3), (32, 7), (2, 40000)])
+@pytest.mark.parametrize("n", WGMMA_LENGTHS)
+def test_sm90_batches_and_heads_over_blocks(sm90_op, n, batch, heads):
+    """A block runs consecutive (head, pair) tasks and reloads the spectrum where the head changes."""
+    n_check = min(heads, 64)  # heads checked against the reference, spread over the whole range
+    seeded("sm90 tasks", n, batch, heads)
+    u = torch.randn(batch, heads, n, device="cuda", dtype=torch.bfloat16)
+    k = make_filter(heads, n)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    y = call_on_poisoned_memory(u, spectrum, None, None, 2 * n, op=sm90_op)
+    picked = torch.linspace(0, heads - 1, n_check, device="cuda").long().unique()
+    assert_close(y[:, picked].contiguous(), u[:, picked].contiguous(), k[picked])
+
+
+@pytest.mark.parametrize("n", [256, 1024, 8192, 16384])
+def test_sm90_op_is_the_sm80_kernel_at_its_other_lengths(sm90_op, n):
+    seeded("sm90 other", n)
+    u, k, pre, post = fftconv_inputs(3, 4, n, torch.bfloat16, "both")
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    expected = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pre, post, 2 * n)
+    assert torch.equal(sm90_op(u, spectrum, pre, post, 2 * n), expected)
+
+
+def test_sm90_rejects_what_the_kernel_cannot_take(sm90_op):
+    u = torch.randn(2, 3, 2048, device="cuda", dtype=torch.bfloat16)
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(make_filter(3, 2048), 4096)
+    with pytest.raises(RuntimeError, match="tk::fftconv_fwd_sm90: u's length 2048 must be at most fft_size / 2"):
+        sm90_op(u, spectrum[:, :1025].contiguous(), None, None, 2048)
+    with pytest.raises(RuntimeError, match="tk::fftconv_fwd_sm90: u must be bfloat16 or float16"):
+        sm90_op(u.float(), spectrum, None, None, 4096)
+    with pytest.raises(RuntimeError, match="tk::fftconv_fwd_sm90: pregate must have u's shape"):
+        sm90_op(u, spectrum, u[:, :2], None, 4096)
+
 
 def _time_ms(fn, repeats=20, rounds=5):
     """Median over rounds of the mean time of `repeats` back-to-back calls, by CUDA events."""

@@ -4,7 +4,8 @@
         python3 tools/sanitize_fftconv.py [LENGTH ...]
 
 Calls torch.ops.tk.fftconv_fwd_sm80 (the convolution and, with the conjugate spectrum, the
-correlation) and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
+correlation), on an sm_90 GPU also torch.ops.tk.fftconv_fwd_sm90 (its wgmma kernels at N = 2048
+and 4096), and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
 problem) at every kernel length, both dtypes, with and without gates, shorter inputs than the
 kernel length, and batches that leave a head's last pair half-used (the kernel lengths given on
 the command line only, if any). Inputs and the float64 references are made on the CPU. Exits
@@ -40,6 +41,15 @@ def relative(got, ref):
     return ((got.cpu().double() - ref).norm() / ref.norm()).item()
 
 
+def forward_ops(length):
+    """The forward ops to check at a kernel length: the sm80 one, and the sm90 one on an sm_90 GPU
+    where it has a wgmma kernel."""
+    ops = [torch.ops.tk.fftconv_fwd_sm80]
+    if torch.cuda.get_device_capability() == (9, 0) and length in plan.WGMMA_LENGTHS:
+        ops.append(torch.ops.tk.fftconv_fwd_sm90)
+    return ops
+
+
 def main() -> int:
     torch.manual_seed(0)
     failures = runs = 0
@@ -52,14 +62,14 @@ def main() -> int:
         pre = torch.randn(batch, heads, n).to(dtype) if gated else None
         post = torch.randn(batch, heads, n).to(dtype) if gated else None
         spectrum = torch.ops.tk.fftconv_filter_spectrum(k.cuda(), fft_size)
-        for conjugate in (False, True):
-            y = torch.ops.tk.fftconv_fwd_sm80(u.cuda(), spectrum, pre.cuda() if gated else None,
-                                              post.cuda() if gated else None, fft_size, conjugate)
+        for conjugate, op in itertools.product((False, True), forward_ops(length)):
+            y = op(u.cuda(), spectrum, pre.cuda() if gated else None, post.cuda() if gated else None, fft_size,
+                   conjugate)
             err = relative(y, reference(u, k, pre, post, conjugate))
             runs += 1
             if not err <= 2 ** -6:
                 failures += 1
-                print(f"MISMATCH length={length} {dtype} gated={gated} batch={batch} conjugate={conjugate}: "
+                print(f"MISMATCH {op} length={length} {dtype} gated={gated} batch={batch} conjugate={conjugate}: "
                       f"relative L2 {err:.3e}")
         if not gated:
             dy = torch.randn(batch, heads, n).to(dtype)
