@@ -135,20 +135,37 @@ __device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* g
     });
 }
 
-// apply_postgate for a tile whose pairs are not neighbours in the sequence: element by element.
-template <typename T, typename RT, typename Element>
-__device__ __forceinline__ void apply_postgate_elements(complex_tile<RT>& acc, const T* gate0, const T* gate1,
-                                                        int seqlen, Element&& element_of) {
-    kt::for_each_element(acc.re, [&](int i, int j, int k, int h, float& re) {
-        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, h), j * kt::TILE_DIM + RT::col_in_base(k, h));
-        if (n >= seqlen) return;
-        re *= kt::convert<float>(__ldg(gate0 + n));
-        if (gate1 != nullptr) {
-            float2& im = acc.im.tiles[i][j].data[k];
-            (h ? im.y : im.x) *= kt::convert<float>(__ldg(gate1 + n));
-        }
-    });
-}
+// A gate's values at the elements of a tile (RT's shape; element (row, col) is sequence element
+// element_of(row, col), 1 at or past seqlen), for tiles whose pairs are not neighbours in the
+// sequence: loaded element by element ahead of the product whose result they multiply, so that
+// their latency hides behind it.
+template <typename RT>
+struct gate_values {
+    float2 v[RT::height][RT::width][4];
+    template <typename T, typename Element>
+    __device__ __forceinline__ void load(const T* gate, int seqlen, Element&& element_of) {
+#pragma unroll
+        for (int i = 0; i < RT::height; i++)
+#pragma unroll
+            for (int j = 0; j < RT::width; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float e[2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, h), j * kt::TILE_DIM + RT::col_in_base(k, h));
+                        e[h] = n < seqlen ? kt::convert<float>(__ldg(gate + n)) : 1.f;
+                    }
+                    v[i][j][k] = make_float2(e[0], e[1]);
+                }
+    }
+    __device__ __forceinline__ void apply(RT& t) const {
+        kt::for_each_pair(t, [&](int i, int j, int k, float2& x) {
+            x.x *= v[i][j][k].x;
+            x.y *= v[i][j][k].y;
+        });
+    }
+};
 
 // ---- the filter gradient's accumulated spectrum ------------------------------------------------
 

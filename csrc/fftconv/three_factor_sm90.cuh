@@ -1,30 +1,31 @@
 // Three factors on Hopper: the transform of three_factor.cuh (L = R x 16 x 16, R = 16 or 32,
 // x[r, p, q] = x[q + 16 p + 256 r], frequency k = k_r + R k_p + 16 R k_q) with every product a
 // warpgroup's wgmma. A product contracts one index of the pair's R x 16 x 16 array; the other
-// two are its M rows, 64 per warpgroup. wgmma reads a shared operand either K-major or
-// MN-major, so each step stores its result (stmatrix, plain or transposed) in whichever
-// layout the next product reads, and no step rearranges data in registers.
+// two are its M rows, 64 per warpgroup (16 per warp). Where the next product contracts across
+// warps, a step stores its result with stmatrix (plain or transposed) in the layout wgmma reads
+// next; where it contracts a warp's own rows, the 16 x 16 result is transposed in registers and
+// becomes the next product's A operand.
 //
-//   phase 1, warpgroup g (p = 4g .. 4g + 3, warp w: p = 4g + w):
+//   phase 1, warpgroup g (warp w: p = 4 g + w):
 //     F1  Y[(p, q), k_r] = sum_r x[r, (p, q)] F_R[k_r, r]      (r < R/2)
-//     T1  Y *= w_L^(k_r (q + 16 p))                     -> y[p][(k_r, q)]
-//   phase 2, warpgroup g, 4 k_r at a time (warp w: one k_r):
+//     T1  Y *= w_L^(k_r (q + 16 p))                     -> y[p][(k_r, q)]   (shared)
+//   phase 2, warpgroup g (warp w: k_r = 4 (g + 4 j) + w for each of its jobs j):
 //     F2  Z[(k_r, q), k_p] = sum_p y[p][(k_r, q)] F_16[k_p, p]
-//     T2  Z *= w_256^(k_p q)                             -> scratch[q][(k_r, k_p)]
-//     F3  W[(k_r, k_p), k_q] = sum_q scratch[q][(k_r, k_p)] F_16[k_q, q]   = fft(x)[k]
+//     T2  Z *= w_256^(k_p q), transposed in registers
+//     F3  W[(k_r, k_p), k_q] = sum_q Z^T[k_p, q] F_16[k_q, q]   = fft(x)[k]
 //         W *= K (the filter's spectrum)
-//     G3  V[(k_r, k_p), q] = sum_k_q W[(k_r, k_p), k_q] conj(F_16[k_q, q]) (W from registers)
-//     T2* V *= conj(w_256^(k_p q))                       -> y[k_p][(k_r, q)] (over F2's input)
-//     G2  U[(k_r, q), p] = sum_k_p y[k_p][(k_r, q)] conj(F_16[p, k_p])
-//     T1* U *= conj(w_L^(k_r (q + 16 p)))                -> u[k_r][(p, q)]
-//   phase 3, warpgroup g (p = 4g + w):
+//     G3  V[(k_r, k_p), q] = sum_k_q W[k_p, k_q] conj(F_16[k_q, q])
+//     T2* V *= conj(w_256^(k_p q)), transposed in registers
+//     G2  U[(k_r, q), p] = sum_k_p V^T[q, k_p] conj(F_16[p, k_p])
+//     T1* U *= conj(w_L^(k_r (q + 16 p)))                -> u[k_r][(p, q)]   (shared)
+//   phase 3, warpgroup g (warp w: p = 4 g + w):
 //     G1  out[(p, q), r] = sum_k_r u[k_r][(p, q)] conj(F_R[r, k_r])   (r < R/2)
 //
-// Phases 1 and 3 need every p (resp. k_r) of the pair and phase 2 every k_r: block barriers
-// between the phases; inside phase 2 a warpgroup only reads what its own warps wrote
-// (warpgroup barriers). The scratch of F3's input is the current stage's input tile, free
-// once F1 has read it. Scaling, roundings and the spectrum's order are those of
-// three_factor.cuh.
+// Phases 1 and 3 need every p (resp. k_r) of the pair: block barriers around phase 2, which
+// needs none. The DFT matrices carry the scales, and each intermediate is rounded to 16 bits
+// where it becomes an operand, as in three_factor.cuh (the same roundings; only the order of
+// the fp32 accumulation inside a product may differ). The spectrum's order, the task loop and
+// the input ring are three_factor_forward's.
 #pragma once
 #include "fftconv/three_factor.cuh"
 #include "kittens/hopper/hopper.cuh"
@@ -39,10 +40,10 @@ struct ThreeFactorWgmma {
     static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
     static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;
     static constexpr int WARPGROUPS = 4, WARPS = 4 * WARPGROUPS, THREADS = WARPS * kt::WARP_THREADS;
-    // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per step.
+    // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per job.
     static constexpr int KR_GROUPS = R / 4;
-    // The stage's input tile is phase 2's scratch (16 rows q x 64 columns per warpgroup).
-    static_assert(XR == kt::TILE_DIM && (R == 16 || R == 32), "ThreeFactorWgmma: R = 16 or 32");
+    // R = 64 would need 265 KiB of shared memory in this layout.
+    static_assert(R == 16 || R == 32, "ThreeFactorWgmma: R = 16 or 32");
     static constexpr int STAGES = 2;
     using seq_tile = kt::st<T, XR, PQ>;           // rows r, columns (p, q); rows >= R/2 zero
     using p_rows = kt::st<T, P, R * Q>;           // y: rows p (then k_p), columns (k_r, q)
@@ -61,7 +62,7 @@ struct ThreeFactorWgmma {
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
     };
     struct Shared {
-        seq_tile x[STAGES][2];          // the pair's input (re, im); phase 2's scratch; output staging
+        seq_tile x[STAGES][2];          // the pair's input (re, im), then its output's staging
         p_rows y[2];
         kr_rows u[2];
         float4 spectrum[L / 2];         // the filter's, in phase 2's fragment order (three_factor.cuh)
@@ -339,12 +340,17 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R>::THREADS, 1)
         using out_acc = kt::rt_fl<kt::TILE_DIM, C::XR>;
         complex_tile<out_acc> d;
         issue_complex<1>(d, kt::subtile<R, 64>(s.u[0], 0, group), kt::subtile<R, 64>(s.u[1], 0, group), s.tab.fr_t);
-        kt::wgmma::wait<0>();
-        landed(d);
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
         const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);
-        if (a.postgate != nullptr)
-            apply_postgate_elements(d, post.seq[0], post.seq[1], a.seqlen, [&](int q, int r) { return r * PQ + Q * p + q; });
+        // The postgate at d's elements (rows q, columns r), loaded while G1 runs.
+        auto element_of = [&](int q, int r) { return r * PQ + Q * p + q; };
+        gate_values<out_acc> gate[2];
+        for (int j = 0; j < 2; j++)
+            if (post.seq[j] != nullptr) gate[j].load(post.seq[j], a.seqlen, element_of);
+        kt::wgmma::wait<0>();
+        landed(d);
+        for (int j = 0; j < 2; j++)
+            if (post.seq[j] != nullptr) gate[j].apply(j ? d.im : d.re);
         // Rows r >= R/2 are exact zeros (fr_t's), which R = 16 needs in its padding rows.
         for (int j = 0; j < 2; j++)
             store_runs<true, T>(j ? d.im : d.re, [&](int q, int r) { return x[j].address(r, Q * p + q); });
