@@ -351,7 +351,7 @@ def test_gradients_match_float64_autograd(dtype, gates, n, nk):
 # ---- the sm90 family (forced) ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, nk", [(2048, 2048), (4096, 4096), (1000, 300), (3000, 3000)])
+@pytest.mark.parametrize("n, nk", [(2048, 2048), (4096, 4096), (1500, 300), (3000, 3000)])
 @pytest.mark.parametrize("gates", GATES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_forced_sm90_forward_and_gradients(dtype, gates, n, nk):
