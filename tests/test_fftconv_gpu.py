@@ -335,6 +335,12 @@ def test_gradients_match_float64_autograd(dtype, gates, n, nk):
                           if t is not None))
     with tk.strict():
         ours = torch.autograd.grad(y, inputs, grad)
+    assert_gradients_close(names, inputs, ours, grad, dtype)
+
+
+def assert_gradients_close(names, inputs, ours, grad, dtype):
+    """Our gradients of ``inputs`` (named u, k, pregate, postgate) for the output gradient ``grad``
+    against float64 autograd of the convolution, by the docstring's bounds."""
     leaves = [t.detach().double().requires_grad_() for t in inputs]
     by_name = dict(zip(names, leaves))
     ref = reference(by_name["u"], by_name["k"], by_name.get("pregate"), by_name.get("postgate"))
@@ -375,16 +381,7 @@ def test_forced_sm90_forward_and_gradients(dtype, gates, n, nk):
                      None if post is None else post.detach())
         grad = torch.randn_like(y)
         ours = torch.autograd.grad(y, inputs, grad)
-    leaves = [t.detach().double().requires_grad_() for t in inputs]
-    by_name = dict(zip(names, leaves))
-    ref = reference(by_name["u"], by_name["k"], by_name.get("pregate"), by_name.get("postgate"))
-    expected = torch.autograd.grad(ref, leaves, grad.double())
-    eps = EPS[dtype]
-    for name, got, want in zip(names, ours, expected):
-        if name == "k":
-            assert_within(got, want, FILTER_GRAD_REL_FACTOR * eps, FILTER_GRAD_MAX_FACTOR * eps, "grad of k")
-        else:
-            assert_within(got, want, GRAD_REL_FACTOR * eps, GRAD_MAX_FACTOR * eps, f"grad of {name}")
+    assert_gradients_close(names, inputs, ours, grad, dtype)
 
 
 # ---- the module ------------------------------------------------------------------------------

@@ -90,6 +90,15 @@ struct ThreeFactor {
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 
+// Entry e of the w_256^(k_p q) table in the fragment order of a 16 x 16 row-layout tile (lane
+// e % 32, register e / 32: its two columns' values), which cmul_fragments reads.
+__device__ __forceinline__ float4 twiddle2_value(int e) {
+    const int l = e % 32, k = e / 32;
+    const int row = 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
+    const float2 w0 = unit_root(row * col, 256), w1 = unit_root(row * (col + 1), 256);
+    return make_float4(w0.x, w0.y, w1.x, w1.y);
+}
+
 template <typename C>
 __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread) {
     using T = typename C::dtype;
@@ -106,10 +115,7 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
             const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
             tab.twiddle_rows[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
         }
-        if (e < PQ / 2) {
-            const float2 u0 = unit_root(row * col, PQ), u1 = unit_root(row * (col + 1), PQ);
-            tab.twiddle2[e] = make_float4(u0.x, u0.y, u1.x, u1.y);
-        }
+        if (e < PQ / 2) tab.twiddle2[e] = twiddle2_value(e);
     }
     // F1's A operand (and, transposed and conjugated, G1's), and the p part of T1.
     const float r_scale = rsqrtf(float(R));

@@ -90,12 +90,7 @@ __device__ __forceinline__ void init_wgmma_tables(typename C::Tables& tab, int t
         tab.twiddle_kq[e] = unit_root((e / Q) * (e % Q), L);
         tab.twiddle_kp[e] = unit_root(Q * (e / P) * (e % P), L);
     }
-    for (int e = thread; e < PQ / 2; e += C::THREADS) {
-        const int l = e % 32, k = e / 32;
-        const int row = 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
-        const float2 w0 = unit_root(row * col, PQ), w1 = unit_root(row * (col + 1), PQ);
-        tab.twiddle2[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
-    }
+    for (int e = thread; e < PQ / 2; e += C::THREADS) tab.twiddle2[e] = twiddle2_value(e);
     const float r_scale = rsqrtf(float(R));
     for (int e = thread; e < R * XR; e += C::THREADS) {
         const int kr = e / XR, r = e % XR;
@@ -155,11 +150,17 @@ __device__ __forceinline__ void issue_complex(complex_tile<D>& d, const A& a_re,
     kt::wgmma::commit();
 }
 
-// After the wgmma group that wrote d has completed: its registers may be read.
+// After the wgmma group that wrote d (and read the register operand a) has completed: d may be
+// read, a overwritten.
 template <typename D>
 __device__ __forceinline__ void landed(complex_tile<D>& d) {
     kt::wgmma::fence_operand(d.re);
     kt::wgmma::fence_operand(d.im);
+}
+template <typename D, typename A>
+__device__ __forceinline__ void landed(complex_tile<D>& d, complex_tile<A>& a) {
+    landed(d);
+    landed(a);
 }
 
 // dst = src^T rounded to 16 bits: a product's result as the A operand of one that contracts
@@ -233,9 +234,7 @@ __device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C
 #pragma unroll
     for (int j = 0; j < JOBS; j++) {
         wait_older();
-        landed(d[j]);
-        kt::wgmma::fence_operand(a[j].re);
-        kt::wgmma::fence_operand(a[j].im);
+        landed(d[j], a[j]);
         const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
         cmul_fragments(d[j], spectrum + kr * (PQ / 2));  // times the filter's spectrum
         kt::copy(a[j].re, d[j].re);
@@ -245,9 +244,7 @@ __device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C
 #pragma unroll
     for (int j = 0; j < JOBS; j++) {
         wait_older();
-        landed(d[j]);
-        kt::wgmma::fence_operand(a[j].re);
-        kt::wgmma::fence_operand(a[j].im);
+        landed(d[j], a[j]);
         cmul_fragments<true>(d[j], tab.twiddle2);  // T2*
         transposed_operand(a[j], d[j]);            // rows q, cols k_p
         issue_complex<1>(d[j], a[j].re, a[j].im, tab.f16);  // G2: rows q, cols p
@@ -256,9 +253,7 @@ __device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C
     for (int j = 0; j < JOBS; j++) {
         if (j + 1 < JOBS) wait_older();
         else kt::wgmma::wait<0>();
-        landed(d[j]);
-        kt::wgmma::fence_operand(a[j].re);
-        kt::wgmma::fence_operand(a[j].im);
+        landed(d[j], a[j]);
         const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
         kt::for_each_pair(d[j].re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
             const int q = acc16::row_in_base(k, 0), p = acc16::col_in_base(k, 0);
