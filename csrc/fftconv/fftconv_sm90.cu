@@ -6,9 +6,13 @@
 namespace tk::fftconv {
 namespace {
 
+#ifndef WG16
+#define WG16 2
+#endif
+
 template <typename T, typename F>
-auto with_wgmma_config(int fft_size, F&& f) {
-    if (fft_size == 4096) return f(ThreeFactorWgmma<T, 16>{});
+auto with_wgmma_config(int fft_size, bool pregate, F&& f) {
+    if (fft_size == 4096) return pregate ? f(ThreeFactorWgmma<T, 16>{}) : f(ThreeFactorWgmma<T, 16, WG16>{});
     return f(ThreeFactorWgmma<T, 32>{});
 }
 
@@ -16,12 +20,14 @@ bool has_wgmma_kernel(int fft_size) { return fft_size == 4096 || fft_size == 819
 
 template <typename T>
 cudaError_t run_wgmma(const ForwardParams& p, cudaStream_t stream) {
-    return with_wgmma_config<T>(p.fft_size, [&](auto config) {
+    return with_wgmma_config<T>(p.fft_size, p.pregate != nullptr, [&](auto config) {
         using C = decltype(config);
         static_assert(decomposition(C::L).r == C::R && decomposition(C::L).p == C::P);
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
+        // Two blocks per SM: each within half of an SM's 228 KiB, less the 1 KiB it reserves.
+        static_assert(C::BLOCKS_PER_SM == 1 || C::shared_bytes <= 228 * 1024 / 2 - 1024);
         const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
-        return launch<T>(three_factor_wgmma_forward<T, C::R>, C::THREADS, smem, forward_args<T>(p), p.multiprocessors,
+        return launch<T>(three_factor_wgmma_forward<T, C::R, C::WARPGROUPS>, C::THREADS, smem, forward_args<T>(p), p.multiprocessors,
                          /*whole_heads=*/false, stream);
     });
 }
@@ -30,7 +36,7 @@ cudaError_t run_wgmma(const ForwardParams& p, cudaStream_t stream) {
 
 int fftconv_fwd_sm90_shared_bytes(int fft_size, bool pregate) {
     if (!has_wgmma_kernel(fft_size)) return fftconv_fwd_sm80_shared_bytes(fft_size, pregate);
-    return with_wgmma_config<kt::bf16>(fft_size, [&](auto config) {
+    return with_wgmma_config<kt::bf16>(fft_size, pregate, [&](auto config) {
         using C = decltype(config);
         return C::shared_bytes + (pregate ? C::pregate_bytes : 0);
     });

@@ -33,13 +33,18 @@
 namespace tk::fftconv {
 namespace {
 
-template <typename T, int R_>
+// WARPGROUPS_ = 4: one block of 16 warps per SM; 2: two blocks of 8 (their phases and barriers
+// interleave), where two fit the SM's shared memory.
+template <typename T, int R_, int WARPGROUPS_ = 4>
 struct ThreeFactorWgmma {
     using dtype = T;
     static constexpr bool THREE_FACTORS = true;
     static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
     static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;
-    static constexpr int WARPGROUPS = 4, WARPS = 4 * WARPGROUPS, THREADS = WARPS * kt::WARP_THREADS;
+    static constexpr int WARPGROUPS = WARPGROUPS_, WARPS = 4 * WARPGROUPS, THREADS = WARPS * kt::WARP_THREADS;
+    static_assert(WARPGROUPS == 2 || WARPGROUPS == 4);
+    static constexpr int BLOCKS_PER_SM = 4 / WARPGROUPS;
+    static constexpr int VIEWS = 4;  // phases 1 and 3: 64 columns (p, q) = 4 values of p each
     // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per job.
     static constexpr int KR_GROUPS = R / 4;
     // R = 64 would need 265 KiB of shared memory in this layout.
@@ -55,8 +60,6 @@ struct ThreeFactorWgmma {
         kt::st<T, R, XR> fr[3];        // F_R[k_r, r] / sqrt(R) for r < R/2 (else 0): re, im, -im
         kt::st<T, XR, R> fr_t[3];      // its transpose, F_R[r, k_r] / sqrt(R) for r < R/2
         kt::st<T, 16, 16> f16[3];      // F_16 / 4 (symmetric): re, im, -im
-        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q), fragment order of a 16 x R tile (rows q, cols k_r)
-        float4 twiddle_pk[P * R / 2];    // w_L^(16 k_r p), [p][k_r], two k_r per float4
         float2 twiddle_kp[R * P];        // w_L^(16 k_r p), [k_r][p]
         float2 twiddle_kq[R * Q];        // w_L^(k_r q), [k_r][q]
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
@@ -77,15 +80,6 @@ template <typename C>
 __device__ __forceinline__ void init_wgmma_tables(typename C::Tables& tab, int thread) {
     using T = typename C::dtype;
     constexpr int R = C::R, P = C::P, Q = C::Q, L = C::L, XR = C::XR, HALF = C::HALF, PQ = C::PQ;
-    for (int e = thread; e < R * Q / 2; e += C::THREADS) {
-        const int l = e % 32, k = (e / 32) % 4, j = e / 128;
-        const int q = 8 * (k % 2) + l / 4, kr = kt::TILE_DIM * j + 8 * (k / 2) + 2 * (l % 4);
-        const float2 v0 = unit_root(kr * q, L), v1 = unit_root((kr + 1) * q, L);
-        tab.twiddle_frag[e] = make_float4(v0.x, v0.y, v1.x, v1.y);
-        const int p = e / (R / 2), kr2 = 2 * (e % (R / 2));
-        const float2 c0 = unit_root(Q * kr2 * p, L), c1 = unit_root(Q * (kr2 + 1) * p, L);
-        tab.twiddle_pk[e] = make_float4(c0.x, c0.y, c1.x, c1.y);
-    }
     for (int e = thread; e < R * Q; e += C::THREADS) {
         tab.twiddle_kq[e] = unit_root((e / Q) * (e % Q), L);
         tab.twiddle_kp[e] = unit_root(Q * (e / P) * (e % P), L);
@@ -175,42 +169,43 @@ __device__ __forceinline__ void transposed_operand(complex_tile<kt::rt<T, 16, 16
     kt::transpose(dst.im, t);
 }
 
-// Phase 1 for warpgroup `group`: F1 and T1 of the pair's input x (re, im) into y; this warp's
-// rows are p = 4 group + warp in group.
+// Phase 1 for view v (columns 64 v ..): F1 and T1 of the pair's input x (re, im) into y; this
+// warp's rows are p = 4 v + warp in group.
 template <typename C>
 __device__ __forceinline__ void wgmma_phase1(typename C::Tables& tab, typename C::seq_tile (&x)[2],
-                                             typename C::p_rows (&y)[2], int group, int p) {
+                                             typename C::p_rows (&y)[2], int v, int p) {
     using T = typename C::dtype;
     using acc = kt::rt_fl<kt::TILE_DIM, C::R>;
-    constexpr int R = C::R, Q = C::Q;
+    constexpr int Q = C::Q;
     complex_tile<acc> d;
-    issue_complex<0>(d, kt::subtile<C::XR, 64>(x[0], 0, group), kt::subtile<C::XR, 64>(x[1], 0, group), tab.fr);
+    issue_complex<0>(d, kt::subtile<C::XR, 64>(x[0], 0, v), kt::subtile<C::XR, 64>(x[1], 0, v), tab.fr);
     kt::wgmma::wait<0>();
     landed(d);
-    const int lane = kt::lane_id();
     kt::for_each_pair(d.re, [&](int, int j, int k, float2& re) {  // rows q, cols k_r
-        const int kr = j * kt::TILE_DIM + acc::col_in_base(k, 0);
-        const float4 v = tab.twiddle_frag[(j * 4 + k) * kt::WARP_THREADS + lane];  // w_L^(k_r q)
-        const float4 c = tab.twiddle_pk[p * (R / 2) + kr / 2];                     // w_L^(16 k_r p)
-        cmul_pair<false>(re, d.im.tiles[0][j].data[k], cmul(make_float2(v.x, v.y), make_float2(c.x, c.y)),
-                         cmul(make_float2(v.z, v.w), make_float2(c.z, c.w)));
+        const int q = acc::row_in_base(k, 0), kr = j * kt::TILE_DIM + acc::col_in_base(k, 0);
+        // w_L^(k_r q) w_L^(16 k_r p) for k_r and k_r + 1
+        const float2 w0 = cmul(tab.twiddle_kq[kr * Q + q], tab.twiddle_kp[kr * C::P + p]);
+        const float2 w1 = cmul(tab.twiddle_kq[(kr + 1) * Q + q], tab.twiddle_kp[(kr + 1) * C::P + p]);
+        cmul_pair<false>(re, d.im.tiles[0][j].data[k], w0, w1);
     });
     for (int j = 0; j < 2; j++)
         store_runs<true, T>(j ? d.im : d.re, [&](int q, int kr) { return y[j].address(p, kr * Q + q); });
 }
 
-// Phase 2 for warpgroup `group`: its k_r are 4 (group + 4 j) + warp in group for j < JOBS,
-// each warp's k_r a chain of products with its operands in registers (F3 and G2 take their
-// input transposed in registers, F2 and G3 read y and the DFT tables from shared memory). With
-// two k_r per warp their chains interleave: one's products run while the other's twiddles do.
-template <typename C>
-__device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C::p_rows (&y)[2],
-                                             typename C::kr_rows (&u)[2], const float4* spectrum, int group) {
+// Phase 2 for JOBS of warpgroup `group`'s jobs, from job `first`: job j takes k_r = 4 (group +
+// WARPGROUPS j) + warp in group, a chain of products with its operands in registers (F3 and G2
+// take their input transposed in registers, F2 and G3 read y and the DFT tables from shared
+// memory). Two jobs' chains interleave: one's products run while the other's twiddles do.
+template <typename C, int JOBS>
+__device__ __forceinline__ void wgmma_phase2_jobs(typename C::Tables& tab, typename C::p_rows (&y)[2],
+                                                  typename C::kr_rows (&u)[2], const float4* spectrum, int group,
+                                                  int first) {
     using T = typename C::dtype;
     using acc16 = typename C::acc16;
-    constexpr int Q = C::Q, P = C::P, PQ = C::PQ, JOBS = C::KR_GROUPS / C::WARPGROUPS;
+    constexpr int Q = C::Q, P = C::P, PQ = C::PQ;
     static_assert(JOBS == 1 || JOBS == 2);
     const int in_group = kt::warp_id() % 4;
+    group += C::WARPGROUPS * first;
     complex_tile<acc16> d[JOBS];
     complex_tile<typename C::sub16> a[JOBS];
     // Groups in flight: at most one per job, issued in job order, so the older one is job j's.
@@ -266,13 +261,27 @@ __device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C
     }
 }
 
-template <typename T, int R>
-__global__ void __launch_bounds__(ThreeFactorWgmma<T, R>::THREADS, 1)
+// Phase 2 for warpgroup `group`: its jobs two at a time (16 + 8 live registers per job).
+template <typename C>
+__device__ __forceinline__ void wgmma_phase2(typename C::Tables& tab, typename C::p_rows (&y)[2],
+                                             typename C::kr_rows (&u)[2], const float4* spectrum, int group) {
+    constexpr int JOBS = C::KR_GROUPS / C::WARPGROUPS;
+    if constexpr (JOBS == 1) {
+        wgmma_phase2_jobs<C, 1>(tab, y, u, spectrum, group, 0);
+    } else {
+#pragma unroll 1
+        for (int first = 0; first < JOBS; first += 2) wgmma_phase2_jobs<C, 2>(tab, y, u, spectrum, group, first);
+    }
+}
+
+template <typename T, int R, int WARPGROUPS>
+__global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
+                                  ThreeFactorWgmma<T, R, WARPGROUPS>::BLOCKS_PER_SM)
     three_factor_wgmma_forward(const __grid_constant__ Args<T> a) {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
-    using C = ThreeFactorWgmma<T, R>;
+    using C = ThreeFactorWgmma<T, R, WARPGROUPS>;
     static_assert(spectrum_order_is_a_permutation<C>());
     constexpr int N = C::N, HALF = C::HALF, Q = C::Q, PQ = C::PQ, THREADS = C::THREADS;
     extern __shared__ char smem[];
@@ -312,7 +321,7 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R>::THREADS, 1)
         if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
-        wgmma_phase1<C>(s.tab, x, s.y, group, warp);
+        for (int v = group; v < C::VIEWS; v += WARPGROUPS) wgmma_phase1<C>(s.tab, x, s.y, v, 4 * v + warp % 4);
         if (spectrum_pending) {
             kt::cp_async_wait<1>();
             fix_spectrum_signs<C>(s.spectrum, a.conjugate, thread);
@@ -331,27 +340,29 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R>::THREADS, 1)
         }
 
         // Phase 3: G1 for this warp's p, the postgate, and out through x (rows r, columns (p, q)).
-        const int p = warp;
-        using out_acc = kt::rt_fl<kt::TILE_DIM, C::XR>;
-        complex_tile<out_acc> d;
-        issue_complex<1>(d, kt::subtile<R, 64>(s.u[0], 0, group), kt::subtile<R, 64>(s.u[1], 0, group), s.tab.fr_t);
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
         const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);
-        // The postgate at d's elements (rows q, columns r), loaded while G1 runs.
-        auto element_of = [&](int q, int r) { return r * PQ + Q * p + q; };
-        gate_values<out_acc> gate[2];
-        for (int j = 0; j < 2; j++)
-            if (post.seq[j] != nullptr) gate[j].load(post.seq[j], a.seqlen, element_of);
-        kt::wgmma::wait<0>();
-        landed(d);
-        for (int j = 0; j < 2; j++)
-            if (post.seq[j] != nullptr) gate[j].apply(j ? d.im : d.re);
-        // Rows r >= R/2 are exact zeros (fr_t's), which R = 16 needs in its padding rows.
-        for (int j = 0; j < 2; j++)
-            store_runs<true, T>(j ? d.im : d.re, [&](int q, int r) { return x[j].address(r, Q * p + q); });
-        __syncwarp();
-        for (int j = 0; j < 2; j++)
-            if (out.seq[j] != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out.seq[j], a.seqlen, x[j], 0, Q * p);
+        for (int v = group; v < C::VIEWS; v += WARPGROUPS) {
+            const int p = 4 * v + warp % 4;
+            using out_acc = kt::rt_fl<kt::TILE_DIM, C::XR>;
+            complex_tile<out_acc> d;
+            issue_complex<1>(d, kt::subtile<R, 64>(s.u[0], 0, v), kt::subtile<R, 64>(s.u[1], 0, v), s.tab.fr_t);
+            // The postgate at d's elements (rows q, columns r), loaded while G1 runs.
+            auto element_of = [&](int q, int r) { return r * PQ + Q * p + q; };
+            gate_values<out_acc> gate[2];
+            for (int j = 0; j < 2; j++)
+                if (post.seq[j] != nullptr) gate[j].load(post.seq[j], a.seqlen, element_of);
+            kt::wgmma::wait<0>();
+            landed(d);
+            for (int j = 0; j < 2; j++)
+                if (post.seq[j] != nullptr) gate[j].apply(j ? d.im : d.re);
+            // Rows r >= R/2 are exact zeros (fr_t's), which R = 16 needs in its padding rows.
+            for (int j = 0; j < 2; j++)
+                store_runs<true, T>(j ? d.im : d.re, [&](int q, int r) { return x[j].address(r, Q * p + q); });
+            __syncwarp();
+            for (int j = 0; j < 2; j++)
+                if (out.seq[j] != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out.seq[j], a.seqlen, x[j], 0, Q * p);
+        }
     }
     kt::cp_async_wait<0>();
 #endif
