@@ -45,6 +45,7 @@ struct ThreeFactorWgmma {
     static_assert(WARPGROUPS == 2 || WARPGROUPS == 4);
     static constexpr int BLOCKS_PER_SM = 4 / WARPGROUPS;
     static constexpr int VIEWS = 4;  // phases 1 and 3: 64 columns (p, q) = 4 values of p each
+    static constexpr int TWIDDLE_ROW = 18;
     // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per job.
     static constexpr int KR_GROUPS = R / 4;
     // R = 64 would need 265 KiB of shared memory in this layout.
@@ -60,8 +61,11 @@ struct ThreeFactorWgmma {
         kt::st<T, R, XR> fr[3];        // F_R[k_r, r] / sqrt(R) for r < R/2 (else 0): re, im, -im
         kt::st<T, XR, R> fr_t[3];      // its transpose, F_R[r, k_r] / sqrt(R) for r < R/2
         kt::st<T, 16, 16> f16[3];      // F_16 / 4 (symmetric): re, im, -im
-        float2 twiddle_kp[R * P];        // w_L^(16 k_r p), [k_r][p]
-        float2 twiddle_kq[R * Q];        // w_L^(k_r q), [k_r][q]
+        // Rows of TWIDDLE_ROW (18) float2: T1's lanes read 4 k_r (rows) at 8 q or one p, and
+        // with this stride each half-warp's 64-bit reads fall in distinct banks (16 would put
+        // the 4 rows in one bank).
+        float2 twiddle_kp[R * TWIDDLE_ROW];  // w_L^(16 k_r p), [k_r][p]
+        float2 twiddle_kq[R * TWIDDLE_ROW];  // w_L^(k_r q), [k_r][q]
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
     };
     struct Shared {
@@ -79,10 +83,11 @@ struct ThreeFactorWgmma {
 template <typename C>
 __device__ __forceinline__ void init_wgmma_tables(typename C::Tables& tab, int thread) {
     using T = typename C::dtype;
-    constexpr int R = C::R, P = C::P, Q = C::Q, L = C::L, XR = C::XR, HALF = C::HALF, PQ = C::PQ;
+    constexpr int R = C::R, Q = C::Q, L = C::L, XR = C::XR, HALF = C::HALF, PQ = C::PQ;
     for (int e = thread; e < R * Q; e += C::THREADS) {
-        tab.twiddle_kq[e] = unit_root((e / Q) * (e % Q), L);
-        tab.twiddle_kp[e] = unit_root(Q * (e / P) * (e % P), L);
+        const int kr = e / Q, j = e % Q;  // P == Q
+        tab.twiddle_kq[kr * C::TWIDDLE_ROW + j] = unit_root(kr * j, L);
+        tab.twiddle_kp[kr * C::TWIDDLE_ROW + j] = unit_root(Q * kr * j, L);
     }
     for (int e = thread; e < PQ / 2; e += C::THREADS) tab.twiddle2[e] = twiddle2_value(e);
     const float r_scale = rsqrtf(float(R));
@@ -184,8 +189,9 @@ __device__ __forceinline__ void wgmma_phase1(typename C::Tables& tab, typename C
     kt::for_each_pair(d.re, [&](int, int j, int k, float2& re) {  // rows q, cols k_r
         const int q = acc::row_in_base(k, 0), kr = j * kt::TILE_DIM + acc::col_in_base(k, 0);
         // w_L^(k_r q) w_L^(16 k_r p) for k_r and k_r + 1
-        const float2 w0 = cmul(tab.twiddle_kq[kr * Q + q], tab.twiddle_kp[kr * C::P + p]);
-        const float2 w1 = cmul(tab.twiddle_kq[(kr + 1) * Q + q], tab.twiddle_kp[(kr + 1) * C::P + p]);
+        constexpr int ROW = C::TWIDDLE_ROW;
+        const float2 w0 = cmul(tab.twiddle_kq[kr * ROW + q], tab.twiddle_kp[kr * ROW + p]);
+        const float2 w1 = cmul(tab.twiddle_kq[(kr + 1) * ROW + q], tab.twiddle_kp[(kr + 1) * ROW + p]);
         cmul_pair<false>(re, d.im.tiles[0][j].data[k], w0, w1);
     });
     for (int j = 0; j < 2; j++)
@@ -202,7 +208,7 @@ __device__ __forceinline__ void wgmma_phase2_jobs(typename C::Tables& tab, typen
                                                   int first) {
     using T = typename C::dtype;
     using acc16 = typename C::acc16;
-    constexpr int Q = C::Q, P = C::P, PQ = C::PQ;
+    constexpr int Q = C::Q, PQ = C::PQ;
     static_assert(JOBS == 1 || JOBS == 2);
     const int in_group = kt::warp_id() % 4;
     group += C::WARPGROUPS * first;
@@ -252,8 +258,8 @@ __device__ __forceinline__ void wgmma_phase2_jobs(typename C::Tables& tab, typen
         const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
         kt::for_each_pair(d[j].re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
             const int q = acc16::row_in_base(k, 0), p = acc16::col_in_base(k, 0);
-            const float2 w = tab.twiddle_kq[kr * Q + q];
-            const float4 c = *reinterpret_cast<const float4*>(&tab.twiddle_kp[kr * P + p]);
+            const float2 w = tab.twiddle_kq[kr * C::TWIDDLE_ROW + q];
+            const float4 c = *reinterpret_cast<const float4*>(&tab.twiddle_kp[kr * C::TWIDDLE_ROW + p]);  // p even
             cmul_pair<true>(re, d[j].im.tiles[0][0].data[k], cmul(w, make_float2(c.x, c.y)), cmul(w, make_float2(c.z, c.w)));
         });
         for (int c = 0; c < 2; c++)
