@@ -11,7 +11,8 @@ skipped) and to the best peer. --save writes the results to
 benchmarks/results/<model>.json (one current file per GPU model, overwritten) with one plot per
 op, benchmarks/results/<model>_<op>.png (needs matplotlib); --json also writes every measurement
 to PATH; --plot-only redraws the plots of a results file, no GPU needed. Our kernels run in strict
-mode (attention with the chosen kernel family; --kernel applies to attention only), so a silent
+mode (attention and fftconv with the chosen kernel family, --kernel: e.g. sm80 for attention,
+sm90 for fftconv's wgmma kernels; it applies to the ops that have that family), so a silent
 fallback to PyTorch can never be timed as ours: it shows as '-' with the reason in the log and
 the JSON. (One exception, named in its rows: Based's forward + backward runs tk.based as
 training calls it, the PyTorch reference while the Based kernels have no backward.)
@@ -53,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plot-only", metavar="PATH",
                         help="plot an existing results file (PNGs beside it) and exit")
     parser.add_argument("--kernel", default="auto",
-                        help="kernel family forced for attention: auto (default) or e.g. sm80")
+                        help="kernel family forced for attention and fftconv where it is one of theirs: "
+                             "auto (default), e.g. sm80 (attention) or sm90 (fftconv)")
     args = parser.parse_args(argv)
     args.ops = [name.strip() for name in args.ops.split(",") if name.strip()]
     unknown = [name for name in args.ops if name not in OPS]

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import thunderkittens as tk
+from thunderkittens import _config
 
 from .report import error_record, relative_difference
 from .timing import HEAD_TO_HEAD_MS, interleaved_median_ms, median_ms
@@ -244,12 +245,16 @@ def _measure_config(pass_name: str, cfg: Config, dtype: torch.dtype, quick: bool
 def run(kernel: str = "auto", quick: bool = False, dtype: torch.dtype = torch.bfloat16,
         log=print) -> tuple[list[dict], list[str]]:
     """Measure every (pass, config); returns (records, implementation names in column order).
-    ``kernel`` is accepted for the runner's sake: the FFT convolution has one kernel family."""
+    ``kernel``: an fftconv family to force for ours (e.g. "sm90", the wgmma kernels), or "auto";
+    a family of another op only is ignored."""
     records = []
-    for pass_name, cfg in plan(quick):
-        records.append(_measure_config(pass_name, cfg, dtype, quick))
-        torch.cuda.empty_cache()
-        log(_progress_line(records[-1]))
+    families = _config.KNOWN_KERNELS["fftconv"]
+    forced = tk.use_kernel(kernel, op="fftconv") if kernel in families else contextlib.nullcontext()
+    with forced:
+        for pass_name, cfg in plan(quick):
+            records.append(_measure_config(pass_name, cfg, dtype, quick))
+            torch.cuda.empty_cache()
+            log(_progress_line(records[-1]))
     return records, list(IMPLEMENTATIONS)
 
 
