@@ -6,10 +6,10 @@
 // next; where it contracts a warp's own rows, the 16 x 16 result is transposed in registers and
 // becomes the next product's A operand.
 //
-//   phase 1, warpgroup g (warp w: p = 4 g + w):
+//   phase 1, warpgroup g (warp w: p = 4 v + w for its views v = g, g + WARPGROUPS, ... < 4):
 //     F1  Y[(p, q), k_r] = sum_r x[r, (p, q)] F_R[k_r, r]      (r < R/2)
 //     T1  Y *= w_L^(k_r (q + 16 p))                     -> y[p][(k_r, q)]   (shared)
-//   phase 2, warpgroup g (warp w: k_r = 4 (g + 4 j) + w for each of its jobs j):
+//   phase 2, warpgroup g (warp w: k_r = 4 (g + WARPGROUPS j) + w for each of its jobs j):
 //     F2  Z[(k_r, q), k_p] = sum_p y[p][(k_r, q)] F_16[k_p, p]
 //     T2  Z *= w_256^(k_p q), transposed in registers
 //     F3  W[(k_r, k_p), k_q] = sum_q Z^T[k_p, q] F_16[k_q, q]   = fft(x)[k]
@@ -18,7 +18,7 @@
 //     T2* V *= conj(w_256^(k_p q)), transposed in registers
 //     G2  U[(k_r, q), p] = sum_k_p V^T[q, k_p] conj(F_16[p, k_p])
 //     T1* U *= conj(w_L^(k_r (q + 16 p)))                -> u[k_r][(p, q)]   (shared)
-//   phase 3, warpgroup g (warp w: p = 4 g + w):
+//   phase 3, warpgroup g (warp w: p = 4 v + w for its views v, as in phase 1):
 //     G1  out[(p, q), r] = sum_k_r u[k_r][(p, q)] conj(F_R[r, k_r])   (r < R/2)
 //
 // Phases 1 and 3 need every p (resp. k_r) of the pair: block barriers around phase 2, which
@@ -48,7 +48,7 @@ struct ThreeFactorWgmma {
     static constexpr int TWIDDLE_ROW = 18;
     // Phase 2 takes 4 k_r (one per warp of a warpgroup, 64 rows) per job.
     static constexpr int KR_GROUPS = R / 4;
-    // R = 64 would need 265 KiB of shared memory in this layout.
+    // R = 64 would need more than 320 KiB of shared memory in this layout.
     static_assert(R == 16 || R == 32, "ThreeFactorWgmma: R = 16 or 32");
     static constexpr int STAGES = 2;
     using seq_tile = kt::st<T, XR, PQ>;           // rows r, columns (p, q); rows >= R/2 zero
