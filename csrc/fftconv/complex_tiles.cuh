@@ -70,6 +70,22 @@ __device__ __forceinline__ void cmul(complex_tile<RT>& a, const complex_tile<RT>
     });
 }
 
+// a * b for complex numbers as float2 (re, im).
+__device__ __forceinline__ float2 complex_product(float2 a, float2 b) {
+    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+
+// A register pair of a complex tile (re, im: elements x and y) times w0 (x) and w1 (y), or
+// (CONJ) times their conjugates.
+template <bool CONJ>
+__device__ __forceinline__ void cmul_pair(float2& re, float2& im, float2 w0, float2 w1) {
+    const float2 r = re, m = im;
+    re = CONJ ? make_float2(fmaf(r.x, w0.x, m.x * w0.y), fmaf(r.y, w1.x, m.y * w1.y))
+              : make_float2(fmaf(r.x, w0.x, -m.x * w0.y), fmaf(r.y, w1.x, -m.y * w1.y));
+    im = CONJ ? make_float2(fmaf(m.x, w0.x, -r.x * w0.y), fmaf(m.y, w1.x, -r.y * w1.y))
+              : make_float2(fmaf(r.x, w0.y, m.x * w0.x), fmaf(r.y, w1.y, m.y * w1.x));
+}
+
 // a *= w (CONJ: a *= conj(w)) for an fp32 complex tile a of 16 columns (row layout), value(i, k)
 // giving w at register k of base tile i of this lane: (re, im, re, im) of its pair.
 template <bool CONJ = false, typename RT, typename Value>
@@ -77,13 +93,8 @@ __device__ __forceinline__ void cmul_values(complex_tile<RT>& a, Value&& value) 
     static_assert(std::same_as<typename RT::dtype, float> && std::same_as<typename RT::layout, kt::row_l> &&
                   RT::width == 1, "cmul_values: fp32 row-layout tiles of 16 columns");
     kt::for_each_pair(a.re, [&](int i, int, int k, float2& ar) {
-        float2& ai = a.im.tiles[i][0].data[k];
         const float4 w = value(i, k);
-        const float2 r = ar, m = ai;
-        ar = CONJ ? make_float2(fmaf(r.x, w.x, m.x * w.y), fmaf(r.y, w.z, m.y * w.w))
-                  : make_float2(fmaf(r.x, w.x, -m.x * w.y), fmaf(r.y, w.z, -m.y * w.w));
-        ai = CONJ ? make_float2(fmaf(m.x, w.x, -r.x * w.y), fmaf(m.y, w.z, -r.y * w.w))
-                  : make_float2(fmaf(r.x, w.y, m.x * w.x), fmaf(r.y, w.w, m.y * w.z));
+        cmul_pair<CONJ>(ar, a.im.tiles[i][0].data[k], make_float2(w.x, w.y), make_float2(w.z, w.w));
     });
 }
 

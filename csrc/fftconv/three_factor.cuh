@@ -193,14 +193,10 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
     // T1 = w_L^(k_r q) w_L^(16 k_r p): the first from the fragment-order table, the second one
     // value per row (this p).
     kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
-        float2& im = acc.im.tiles[ti][0].data[k];
         const float2 c = tab.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + p];
         const float4 v = tab.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
-        const float2 w0 = make_float2(v.x * c.x - v.y * c.y, v.x * c.y + v.y * c.x);
-        const float2 w1 = make_float2(v.z * c.x - v.w * c.y, v.z * c.y + v.w * c.x);
-        const float2 r0 = re, i0 = im;
-        re = make_float2(fmaf(r0.x, w0.x, -i0.x * w0.y), fmaf(r0.y, w1.x, -i0.y * w1.y));
-        im = make_float2(fmaf(r0.x, w0.y, i0.x * w0.x), fmaf(r0.y, w1.y, i0.y * w1.x));
+        cmul_pair<false>(re, acc.im.tiles[ti][0].data[k], complex_product(make_float2(v.x, v.y), c),
+                         complex_product(make_float2(v.z, v.w), c));
     });
     const uint32_t re = buf[0].base(), im = buf[1].base();
     store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
@@ -276,15 +272,11 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     kt::zero(acc.im);
     cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
     kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
-        float2& im = acc.im.tiles[0][0].data[k];
         const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
         const float2 c = tab.twiddle_p[kr * C::P + row];
         const float4 w = twiddle_at<C>(tab, kr, col);
-        const float2 w0 = make_float2(w.x * c.x - w.y * c.y, w.x * c.y + w.y * c.x);
-        const float2 w1 = make_float2(w.z * c.x - w.w * c.y, w.z * c.y + w.w * c.x);
-        const float2 r0 = re, i0 = im;
-        re = make_float2(fmaf(r0.x, w0.x, i0.x * w0.y), fmaf(r0.y, w1.x, i0.y * w1.y));
-        im = make_float2(fmaf(i0.x, w0.x, -r0.x * w0.y), fmaf(i0.y, w1.x, -r0.y * w1.y));
+        cmul_pair<true>(re, acc.im.tiles[0][0].data[k], complex_product(make_float2(w.x, w.y), c),
+                        complex_product(make_float2(w.z, w.w), c));
     });
     // Each lane stores into rows that other lanes' ldmatrix read in tile_forward, so those
     // reads must be done first (a write-after-read within the warp).
@@ -370,6 +362,45 @@ __device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate,
     }
 }
 
+// A block's copy of the filter's spectrum through its tasks, in a shared-memory slot in phase 2's
+// order: gathered right after the first task's input, its signs fixed once it has landed, and
+// gathered again for the next head once every warp's last read of the slot for a head is done.
+// The cp.async groups in flight are [task t's input][the spectrum] or [task t's input].
+template <typename C, typename T>
+struct spectrum_slot {
+    float4* values;
+    bool pending;  // a gather in flight, its signs not fixed
+
+    // Call after committing the first task's input.
+    __device__ __forceinline__ spectrum_slot(float4* slot, const Args<T>& a, int first_task, int thread)
+        : values(slot), pending(true) {
+        gather_spectrum_async<C>(values, a, first_task / a.pairs, thread);
+        kt::cp_async_commit();
+    }
+    // This thread's loads of the current task's input have landed (the spectrum may still land).
+    __device__ __forceinline__ void wait_for_input() const {
+        if (pending) kt::cp_async_wait<1>();
+        else kt::cp_async_wait<0>();
+    }
+    // After the next task's input was committed: the spectrum landed and its signs fixed by this
+    // thread (a barrier before phase 2 makes them visible).
+    __device__ __forceinline__ void settle(const Args<T>& a, int thread) {
+        if (!pending) return;
+        kt::cp_async_wait<1>();
+        fix_spectrum_signs<C>(values, a.conjugate, thread);
+        pending = false;
+    }
+    // After the barrier that ends task t's phase 2 (of head h): the next head's spectrum, where
+    // task t + 1 starts one.
+    __device__ __forceinline__ void refill_after(const Args<T>& a, const Tasks& tasks, int t, int h, int thread) {
+        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {
+            gather_spectrum_async<C>(values, a, h + 1, thread);
+            kt::cp_async_commit();
+            pending = true;
+        }
+    }
+};
+
 // 16 warps per SM at 128 registers each: one block of 16 or two of 8.
 template <typename T, int R, int WARPS>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
@@ -389,13 +420,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     auto issue_loads = [&](int t, int stage) {
         load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
     };
-    // Groups in flight are always [task t's input][the spectrum] or [task t's input]: the first
-    // head's spectrum follows the first task's input.
     issue_loads(tasks.first, 0);
     kt::cp_async_commit();
-    gather_spectrum_async<C>(s.spectrum, a, tasks.first / a.pairs, thread);
-    kt::cp_async_commit();
-    bool spectrum_pending = true;  // a gather in flight, its signs not fixed
+    spectrum_slot<C, T> spectrum(s.spectrum, a, tasks.first, thread);
 
     for (int i = 0; i < C::STAGES; i++) {
         zero_padding_rows<C>(s.stage[i].x[0], thread);
@@ -403,13 +430,10 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     }
     init_tables<C>(s.tab, thread);
     const F16<C> f16;
-    // The spectrum slot is read by phase 2 of every task of a head; the next head's spectrum
-    // loads into it after the last one's phase 2 and is waited for before the next phase 2.
     for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
         const int h = t / a.pairs, pair = t - h * a.pairs;
         auto& st = s.stage[i % C::STAGES];
-        if (spectrum_pending) kt::cp_async_wait<1>();  // the input; the spectrum may still land
-        else kt::cp_async_wait<0>();
+        spectrum.wait_for_input();
         if (pre != nullptr) {
             apply_gate<THREADS, N>(st.x[0], (*pre)[i % C::STAGES][0], thread);
             apply_gate<THREADS, N>(st.x[1], (*pre)[i % C::STAGES][1], thread);
@@ -420,11 +444,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
 
 #pragma unroll
         for (int j = 0; j < C::P_PER_WARP; j++) phase1<C>(s.tab, st.x, s.buf, warp + WARPS * j);
-        if (spectrum_pending) {  // groups: ..., the spectrum, task t + 1's input
-            kt::cp_async_wait<1>();
-            fix_spectrum_signs<C>(s.spectrum, a.conjugate, thread);
-            spectrum_pending = false;
-        }
+        spectrum.settle(a, thread);
         __syncthreads();
 
 #pragma unroll
@@ -439,11 +459,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
         }
         __syncthreads();
-        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
-            gather_spectrum_async<C>(s.spectrum, a, h + 1, thread);
-            kt::cp_async_commit();
-            spectrum_pending = true;
-        }
+        spectrum.refill_after(a, tasks, t, h, thread);
 
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
         const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);

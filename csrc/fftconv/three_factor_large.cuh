@@ -237,15 +237,11 @@ __device__ __forceinline__ void phase1_strips(typename C::Tables& tab, Buf (&buf
         }
         // T1 = w_L^(k_r q) w_L^(16 k_r p), as phase1 in three_factor.cuh.
         kt::for_each_pair(acc.re, [&](int, int, int k, float2& v_re) {
-            float2& v_im = acc.im.tiles[0][0].data[k];
             const int kr = strip * kt::TILE_DIM + 8 * (k % 2) + lane / 4;
             const float2 c = tab.twiddle_p[kr * C::P + p];
             const float4 v = tab.twiddle_frag[(strip * 4 + k) * kt::WARP_THREADS + lane];
-            const float2 w0 = make_float2(v.x * c.x - v.y * c.y, v.x * c.y + v.y * c.x);
-            const float2 w1 = make_float2(v.z * c.x - v.w * c.y, v.z * c.y + v.w * c.x);
-            const float2 r0 = v_re, i0 = v_im;
-            v_re = make_float2(fmaf(r0.x, w0.x, -i0.x * w0.y), fmaf(r0.y, w1.x, -i0.y * w1.y));
-            v_im = make_float2(fmaf(r0.x, w0.y, i0.x * w0.x), fmaf(r0.y, w1.y, i0.y * w1.x));
+            cmul_pair<false>(v_re, acc.im.tiles[0][0].data[k], complex_product(make_float2(v.x, v.y), c),
+                             complex_product(make_float2(v.z, v.w), c));
         });
         store_to<T>(acc.re, [&](int row, int col) { return re + Buf::offset(s * kt::TILE_DIM + row, p, col); });
         store_to<T>(acc.im, [&](int row, int col) { return im + Buf::offset(s * kt::TILE_DIM + row, p, col); });

@@ -111,20 +111,6 @@ __device__ __forceinline__ void init_wgmma_tables(typename C::Tables& tab, int t
     }
 }
 
-// (re, im) *= w0 (x) and w1 (y), or by their conjugates.
-template <bool CONJ>
-__device__ __forceinline__ void cmul_pair(float2& re, float2& im, float2 w0, float2 w1) {
-    const float2 r = re, m = im;
-    re = CONJ ? make_float2(fmaf(r.x, w0.x, m.x * w0.y), fmaf(r.y, w1.x, m.y * w1.y))
-              : make_float2(fmaf(r.x, w0.x, -m.x * w0.y), fmaf(r.y, w1.x, -m.y * w1.y));
-    im = CONJ ? make_float2(fmaf(m.x, w0.x, -r.x * w0.y), fmaf(m.y, w1.x, -r.y * w1.y))
-              : make_float2(fmaf(r.x, w0.y, m.x * w0.x), fmaf(r.y, w1.y, m.y * w1.x));
-}
-
-__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
-    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
-}
-
 // d = a * b (complex; b a K-major shared operand given as re, im, -im) as one committed wgmma
 // group, still in flight on return. MODE: 0 d = a b, 1 d = a conj(b). a is a transposed shared
 // operand (K x 64) or this warp's register tiles.
@@ -190,8 +176,8 @@ __device__ __forceinline__ void wgmma_phase1(typename C::Tables& tab, typename C
         const int q = acc::row_in_base(k, 0), kr = j * kt::TILE_DIM + acc::col_in_base(k, 0);
         // w_L^(k_r q) w_L^(16 k_r p) for k_r and k_r + 1
         constexpr int ROW = C::TWIDDLE_ROW;
-        const float2 w0 = cmul(tab.twiddle_kq[kr * ROW + q], tab.twiddle_kp[kr * ROW + p]);
-        const float2 w1 = cmul(tab.twiddle_kq[(kr + 1) * ROW + q], tab.twiddle_kp[(kr + 1) * ROW + p]);
+        const float2 w0 = complex_product(tab.twiddle_kq[kr * ROW + q], tab.twiddle_kp[kr * ROW + p]);
+        const float2 w1 = complex_product(tab.twiddle_kq[(kr + 1) * ROW + q], tab.twiddle_kp[(kr + 1) * ROW + p]);
         cmul_pair<false>(re, d.im.tiles[0][j].data[k], w0, w1);
     });
     for (int j = 0; j < 2; j++)
@@ -260,7 +246,7 @@ __device__ __forceinline__ void wgmma_phase2_jobs(typename C::Tables& tab, typen
             const int q = acc16::row_in_base(k, 0), p = acc16::col_in_base(k, 0);
             const float2 w = tab.twiddle_kq[kr * C::TWIDDLE_ROW + q];
             const float4 c = *reinterpret_cast<const float4*>(&tab.twiddle_kp[kr * C::TWIDDLE_ROW + p]);  // p even
-            cmul_pair<true>(re, d[j].im.tiles[0][0].data[k], cmul(w, make_float2(c.x, c.y)), cmul(w, make_float2(c.z, c.w)));
+            cmul_pair<true>(re, d[j].im.tiles[0][0].data[k], complex_product(w, make_float2(c.x, c.y)), complex_product(w, make_float2(c.z, c.w)));
         });
         for (int c = 0; c < 2; c++)
             store_runs<true, T>(c ? d[j].im : d[j].re, [&](int q, int p) { return u[c].address(kr, p * Q + q); });
@@ -301,12 +287,9 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
     auto issue_loads = [&](int t, int stage) {
         load_task_inputs_async<THREADS, N>(s.x[stage], pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
     };
-    // As three_factor_forward: groups in flight are [task t's input][the spectrum] or [task t's input].
     issue_loads(tasks.first, 0);
     kt::cp_async_commit();
-    gather_spectrum_async<C>(s.spectrum, a, tasks.first / a.pairs, thread);
-    kt::cp_async_commit();
-    bool spectrum_pending = true;
+    spectrum_slot<C, T> spectrum(s.spectrum, a, tasks.first, thread);
     for (int i = 0; i < C::STAGES; i++) {
         zero_padding_rows<C>(s.x[i][0], thread);
         zero_padding_rows<C>(s.x[i][1], thread);
@@ -316,8 +299,7 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
     for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
         const int h = t / a.pairs, pair = t - h * a.pairs;
         auto& x = s.x[i % C::STAGES];
-        if (spectrum_pending) kt::cp_async_wait<1>();
-        else kt::cp_async_wait<0>();
+        spectrum.wait_for_input();
         if (pre != nullptr) {
             apply_gate<THREADS, N>(x[0], (*pre)[i % C::STAGES][0], thread);
             apply_gate<THREADS, N>(x[1], (*pre)[i % C::STAGES][1], thread);
@@ -328,22 +310,14 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
         kt::cp_async_commit();
 
         for (int v = group; v < C::VIEWS; v += WARPGROUPS) wgmma_phase1<C>(s.tab, x, s.y, v, 4 * v + warp % 4);
-        if (spectrum_pending) {
-            kt::cp_async_wait<1>();
-            fix_spectrum_signs<C>(s.spectrum, a.conjugate, thread);
-            spectrum_pending = false;
-        }
+        spectrum.settle(a, thread);
         kt::fence_async_proxy();
         __syncthreads();  // y complete
 
         wgmma_phase2<C>(s.tab, s.y, s.u, s.spectrum, group);
         kt::fence_async_proxy();
         __syncthreads();  // u complete
-        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {  // the next head's spectrum
-            gather_spectrum_async<C>(s.spectrum, a, h + 1, thread);
-            kt::cp_async_commit();
-            spectrum_pending = true;
-        }
+        spectrum.refill_after(a, tasks, t, h, thread);
 
         // Phase 3: G1 for this warp's p, the postgate, and out through x (rows r, columns (p, q)).
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
