@@ -78,9 +78,7 @@ int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads) {
 }
 
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream) {
-    if (decomposition(params.fft_size).fft_size == 0 || params.batch < 1 || params.heads < 1 || params.seqlen < 1 ||
-        params.seqlen % 8 != 0 || params.seqlen > params.fft_size / 2)
-        return cudaErrorInvalidValue;
+    if (!params_describe_a_call(params)) return cudaErrorInvalidValue;
     return params.dtype == ElementType::bf16 ? run<kt::bf16>(params, stream) : run<kt::half>(params, stream);
 }
 

@@ -6,13 +6,11 @@
 namespace tk::fftconv {
 namespace {
 
-#ifndef WG16
-#define WG16 2
-#endif
-
+// N = 2048 without a pregate as two blocks of two warpgroups per SM (113 KiB each; with a
+// pregate one block of four), N = 4096 as one block of four (docs/performance.md).
 template <typename T, typename F>
 auto with_wgmma_config(int fft_size, bool pregate, F&& f) {
-    if (fft_size == 4096) return pregate ? f(ThreeFactorWgmma<T, 16>{}) : f(ThreeFactorWgmma<T, 16, WG16>{});
+    if (fft_size == 4096) return pregate ? f(ThreeFactorWgmma<T, 16>{}) : f(ThreeFactorWgmma<T, 16, 2>{});
     return f(ThreeFactorWgmma<T, 32>{});
 }
 
@@ -48,9 +46,7 @@ int64_t fftconv_fwd_sm90_workspace_bytes(int fft_size, int heads) {
 
 cudaError_t fftconv_fwd_sm90(const ForwardParams& params, cudaStream_t stream) {
     if (!has_wgmma_kernel(params.fft_size)) return fftconv_fwd_sm80(params, stream);
-    if (params.batch < 1 || params.heads < 1 || params.seqlen < 1 || params.seqlen % 8 != 0 ||
-        params.seqlen > params.fft_size / 2)
-        return cudaErrorInvalidValue;
+    if (!params_describe_a_call(params)) return cudaErrorInvalidValue;
     return params.dtype == ElementType::bf16 ? run_wgmma<kt::bf16>(params, stream) : run_wgmma<kt::half>(params, stream);
 }
 

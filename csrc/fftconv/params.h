@@ -82,6 +82,13 @@ struct FilterGradParams {
     int multiprocessors;
 };
 
+// Whether a forward call's sizes are ones the kernels take (the ops check them with messages;
+// this guards direct callers of the launch functions).
+inline bool params_describe_a_call(const ForwardParams& p) {
+    return decomposition(p.fft_size).fft_size != 0 && p.batch >= 1 && p.heads >= 1 && p.seqlen >= 1 &&
+           p.seqlen % 8 == 0 && p.seqlen <= p.fft_size / 2;
+}
+
 // mma.sync + cp.async kernels (sm_80 and newer). Return the launch error, if any
 // (cudaErrorInvalidValue for an fft_size without a kernel).
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream);
