@@ -8,18 +8,19 @@
 namespace tk::fftconv {
 namespace {
 
-// f(config) for fft_size's configuration (a TwoFactor or ThreeFactor type); fft_size must be
-// one decomposition() knows.
+// f(config) for fft_size's forward configuration (a TwoFactor or ThreeFactor type); fft_size
+// must be one decomposition() knows.
 template <typename T, typename F>
-auto with_config(int fft_size, F&& f) {
+auto with_config(int fft_size, bool pregate, F&& f) {
     switch (fft_size) {
         case 512: return f(TwoFactor<T, 32, 16, 1>{});
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
-        // Two blocks of 8 warps per SM at L = 4096: their phases and barriers interleave. At
-        // L = 8192 one block of 16 stays faster (docs/performance.md has both A/Bs).
-        case 4096: return f(ThreeFactor<T, 16, 8>{});
-        case 8192: return f(ThreeFactor<T, 32>{});
+        // Two blocks of 8 warps per SM: their phases and barriers interleave. At L = 8192 with a
+        // pregate two do not fit, and one block of 16 is faster than one of 8 (docs/performance.md
+        // has the A/Bs).
+        case 4096: return f(ThreeFactor<T, 16, 8, true, true>{});
+        case 8192: return pregate ? f(ThreeFactor<T, 32>{}) : f(ThreeFactor<T, 32, 8, false, true>{});
         case 16384: return f(ThreeFactorLarge<T, 64>{});
         default: return f(ThreeFactorLarge<T, 128>{});
     }

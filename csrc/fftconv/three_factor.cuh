@@ -38,16 +38,45 @@ struct alignas(1024) frequency_tiles {
     }
 };
 
-template <typename T, int R_, int WARPS_ = 16>
+// T1's p part, w_L^(16 k_r p), as a table of its own, or (FOLDED) multiplied into F2's matrix:
+// M_k_r = F_16 diag(w_L^(16 k_r p)) / 4 for tile k_r, a 16-bit tile per k_r (and its conjugate
+// transpose for G2). Folded, T1 and T1* are one complex multiply per element instead of two
+// (the twiddle's two factors multiplied per element, then applied), for R KiB more shared memory.
+template <typename T, int R, int P>
+struct p_twiddle_table {
+    float2 twiddle_p[R * P];  // w_L^(Q k_r p), row-major [k_r][p]
+};
+template <typename T, int R>
+struct p_twiddles_folded {
+    kt::st<T, R * kt::TILE_DIM, kt::TILE_DIM> f2[2];  // M_k_r (re, im) at rows 16 k_r + k_p, cols p
+    __device__ auto f2_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f2[part], kr, 0); }
+};
+
+template <typename C>
+concept folds_p_twiddles = C::FOLDED;
+
+// COMPACT: the forward keeps the filter's spectrum tiles 0 .. R/2 only (the others read mirrored,
+// stored_tile_value) and T1*'s twiddles from the fragment-order table, for a block small enough
+// to run two per SM (113 KiB at R = 32, 8 warps). The full layout (every tile, a row-major twiddle
+// table beside the fragment-order one) stays where it measured faster: the 16-warp forward with
+// a pregate, and the filter gradients.
+template <typename T, int R_, int WARPS_ = 16, bool FOLDED_ = false, bool COMPACT_ = false>
 struct ThreeFactor {
     using dtype = T;
     static constexpr bool THREE_FACTORS = true;
+    static constexpr bool FOLDED = FOLDED_, COMPACT = COMPACT_;
+    static_assert(COMPACT || !FOLDED);
     static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
     static constexpr int WARPS = WARPS_, THREADS = WARPS * kt::WARP_THREADS;
     static_assert(P % WARPS == 0 && R % WARPS == 0);
     static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;  // F1's K, padded to 16
+    // The spectrum positions kept: tiles 0 .. R/2 (compact) or all.
+    static constexpr int SPECTRUM_POSITIONS = COMPACT ? (R / 2 + 1) * PQ : L;
     static constexpr int KR_PER_WARP = R / WARPS;  // phase 2: warp w owns k_r = w + WARPS j
     static constexpr int P_PER_WARP = P / WARPS;   // phases 1 and 3: warp w owns p = w + WARPS j
+    // The forward's phases 1 and 3 a column at a time at R = 32 with 8 warps: their two columns
+    // unrolled spill at 128 registers.
+    static constexpr bool COLUMNS_ONE_AT_A_TIME = R > 16 && P_PER_WARP > 1;
     // The next pair's input lands during the three phases of the current one.
     static constexpr int STAGES = 2;
     using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
@@ -57,13 +86,20 @@ struct ThreeFactor {
     using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
     using column_acc = kt::rt_fl<XR, kt::TILE_DIM>;  // phase 3's output: rows r, 16 columns q
 
-    struct Tables {                      // once per block
+    struct CompactTables  // once per block
+        : std::conditional_t<FOLDED, p_twiddles_folded<T, R>, p_twiddle_table<T, R, P>> {
         kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
         float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
-        float4 twiddle_rows[R * Q / 2];  // the same, row-major [k_r][q]
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
+    };
+    struct FullTables {
+        kt::st<T, R, XR> fr[2];
+        float4 twiddle_frag[R * Q / 2];
+        float4 twiddle_rows[R * Q / 2];  // w_L^(k_r q) row-major [k_r][q]
+        float4 twiddle2[PQ / 2];
         float2 twiddle_p[R * P];         // w_L^(Q k_r p), row-major [k_r][p]
     };
+    using Tables = std::conditional_t<COMPACT, CompactTables, FullTables>;
     // Forward convolution.
     struct Stage {
         seq_tile x[2];  // batch 2i (re), 2i + 1 (im); y staged here after F1
@@ -72,7 +108,7 @@ struct ThreeFactor {
     struct Shared {
         Stage stage[STAGES];
         buffer buf[2];                // re, im
-        float4 spectrum[R * PQ / 2];  // the filter's (two complex per float4), in phase 2's fragment order
+        float4 spectrum[SPECTRUM_POSITIONS / 2];  // the filter's (two complex per float4), in phase 2's fragment order
         Tables tab;
     };
     // Filter gradient.
@@ -104,7 +140,8 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
     using T = typename C::dtype;
     constexpr int R = C::R, Q = C::Q, L = C::L, PQ = C::PQ, XR = C::XR, HALF = C::HALF;
     // Twiddles w_L^(k_r q): in the fragment order of F1's accumulator (R x 16, row layout:
-    // float4 (i * 4 + k) * 32 + lane holds its register k of base tile i) and row-major.
+    // float4 (i * 4 + k) * 32 + lane holds its register k of base tile i), and row-major where
+    // the configuration has that table.
     for (int e = thread; e < R * Q / 2; e += C::THREADS) {
         const int l = e % 32, k = (e / 32) % 4, i = e / 128;
         const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
@@ -125,7 +162,18 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
         *tab.fr[0].ptr(row, col) = kt::convert<T>(col < HALF ? w.x * r_scale : 0.f);
         *tab.fr[1].ptr(row, col) = kt::convert<T>(col < HALF ? w.y * r_scale : 0.f);
     }
-    for (int e = thread; e < R * C::P; e += C::THREADS) tab.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
+    if constexpr (requires { tab.twiddle_p; }) {
+        for (int e = thread; e < R * C::P; e += C::THREADS) tab.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
+    } else {
+        // M_k_r[k_p, p] = w_16^(k_p p) w_L^(16 k_r p) / 4 = w_L^((L / 16 k_p + 16 k_r) p) / 4: one
+        // exact angle, one rounding to 16 bits.
+        for (int e = thread; e < R * PQ; e += C::THREADS) {
+            const int kr = e / PQ, kp = (e / C::P) % C::P, p = e % C::P;
+            const float2 w = unit_root(((L / 16) * kp + 16 * kr) * p, L);
+            *tab.f2[0].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.x * 0.25f);
+            *tab.f2[1].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.y * 0.25f);
+        }
+    }
 }
 
 // R = 16: rows R/2 .. 15 of an input tile are F1's zero padding (K = 8 padded to 16); no load
@@ -191,13 +239,17 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
     kt::zero(acc.im);
     cmma(acc, a1, xb, x_neg);
     // T1 = w_L^(k_r q) w_L^(16 k_r p): the first from the fragment-order table, the second one
-    // value per row (this p).
-    kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
-        const float2 c = tab.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + p];
-        const float4 v = tab.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
-        cmul_pair<false>(re, acc.im.tiles[ti][0].data[k], complex_product(make_float2(v.x, v.y), c),
-                         complex_product(make_float2(v.z, v.w), c));
-    });
+    // value per row (this p), or (folded) in F2's matrix.
+    if constexpr (folds_p_twiddles<C>) {
+        cmul_fragments(acc, tab.twiddle_frag);
+    } else {
+        kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
+            const float2 c = tab.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + p];
+            const float4 v = tab.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
+            cmul_pair<false>(re, acc.im.tiles[ti][0].data[k], complex_product(make_float2(v.x, v.y), c),
+                             complex_product(make_float2(v.z, v.w), c));
+        });
+    }
     const uint32_t re = buf[0].base(), im = buf[1].base();
     store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
     store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
@@ -205,7 +257,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
 
 // Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
 // F2, T2, F3.
-// `slot` is the tile's index in buf (k_r, or its place in a buffer of part of the k_r).
+// `slot` is the tile's index in buf (k_r, or its place in a buffer of part of the k_r; k_r where
+// the configuration folds T1's p part into F2).
 template <typename C, typename Buf>
 __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& acc, const F16<C>& f16,
                                              typename C::Tables& tab, Buf (&buf)[2], int slot) {
@@ -219,7 +272,14 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     negate(yb_neg, yb.im);
     kt::zero(acc.re);
     kt::zero(acc.im);
-    cmma(acc, f16.a, yb, yb_neg);     // F2: rows k_p, cols q
+    if constexpr (folds_p_twiddles<C>) {
+        complex_tile<sub16> m;  // M_k_r: F_16 with T1's p part
+        kt::load(m.re, tab.f2_tile(slot, 0));
+        kt::load(m.im, tab.f2_tile(slot, 1));
+        cmma(acc, m, yb, yb_neg);  // F2 and T1's p part: rows k_p, cols q
+    } else {
+        cmma(acc, f16.a, yb, yb_neg);  // F2: rows k_p, cols q
+    }
     cmul_fragments(acc, tab.twiddle2);  // T2
     complex_tile<sub16> z;
     sub16 z_neg;
@@ -232,8 +292,8 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
 }
 
 // w_L^(k_r q) and w_L^(k_r (q + 1)) for an even q: from the row-major table where the
-// configuration has one, else from the fragment-order one (the same values; 8 KiB less at R = 64).
-// Either way a warp reads 4 consecutive float4s per access.
+// configuration has one, else from the fragment-order one (the same values). Either way a warp
+// (one k_r, its lanes' q) reads 4 float4s per access.
 template <typename C>
 __device__ __forceinline__ float4 twiddle_at(const typename C::Tables& tab, int kr, int q) {
     if constexpr (requires { tab.twiddle_rows; }) {
@@ -270,14 +330,26 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     negate(vb_neg, vb.re);
     kt::zero(acc.re);
     kt::zero(acc.im);
-    cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
-    kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
-        const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
-        const float2 c = tab.twiddle_p[kr * C::P + row];
-        const float4 w = twiddle_at<C>(tab, kr, col);
-        cmul_pair<true>(re, acc.im.tiles[0][0].data[k], complex_product(make_float2(w.x, w.y), c),
-                        complex_product(make_float2(w.z, w.w), c));
-    });
+    if constexpr (folds_p_twiddles<C>) {
+        // G2 and T1*'s p part: conj(M_k_r^T), M_k_r loaded transposed (a col-layout A operand).
+        complex_tile<sub16_b> mt;
+        kt::load(mt.re, tab.f2_tile(kr, 0));
+        kt::load(mt.im, tab.f2_tile(kr, 1));
+        cmma_conj_a(acc, mt, vb, vb_neg);  // rows p, cols q
+        kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*'s q part: conj w_L^(k_r q)
+            const float4 w = twiddle_at<C>(tab, kr, acc16::col_in_base(k, 0));
+            cmul_pair<true>(re, acc.im.tiles[0][0].data[k], make_float2(w.x, w.y), make_float2(w.z, w.w));
+        });
+    } else {
+        cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
+        kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
+            const int row = acc16::row_in_base(k, 0), col = acc16::col_in_base(k, 0);
+            const float2 c = tab.twiddle_p[kr * C::P + row];
+            const float4 w = twiddle_at<C>(tab, kr, col);
+            cmul_pair<true>(re, acc.im.tiles[0][0].data[k], complex_product(make_float2(w.x, w.y), c),
+                            complex_product(make_float2(w.z, w.w), c));
+        });
+    }
     // Each lane stores into rows that other lanes' ldmatrix read in tile_forward, so those
     // reads must be done first (a write-after-read within the warp).
     __syncwarp();
@@ -329,6 +401,19 @@ constexpr bool spectrum_order_is_a_permutation() {
     return true;
 }
 
+// K at spectrum tile kr for register k of this lane's fragment of a 16 x 16 accumulator: (re,
+// im, re, im) of its two columns. `load(i)` reads float4 i of the stored tiles 0 .. R/2 (phase
+// 2's order); a tile from R/2 on is the stored tile R - kr read backwards and conjugated (see
+// the top of three_factor_large.cuh; tile R/2 is its own mirror). With k_r = warp + WARPS j the
+// choice is then fixed for each j where the compiler knows warp < WARPS.
+template <typename C, typename Load>
+__device__ __forceinline__ float4 stored_tile_value(int kr, int k, Load&& load) {
+    const int lane = kt::lane_id();
+    if (kr < C::R / 2) return load((kr * 4 + k) * kt::WARP_THREADS + lane);
+    const float4 m = load(((C::R - kr) * 4 + 3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane));
+    return make_float4(m.z, -m.w, m.x, -m.y);  // columns c, c + 1
+}
+
 // cp.async of head h's spectrum into `slot` in phase 2's order, each K[f] copied from
 // K[min(f, L - f)]: the imaginary parts above L/2 need their signs flipped after it lands
 // (fix_spectrum_signs), which cp.async cannot do. COUNT: the first COUNT positions (tiles
@@ -366,15 +451,23 @@ __device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate,
 // order: gathered right after the first task's input, its signs fixed once it has landed, and
 // gathered again for the next head once every warp's last read of the slot for a head is done.
 // The cp.async groups in flight are [task t's input][the spectrum] or [task t's input].
+// How many of the spectrum's positions a configuration keeps (the first ones, in phase 2's order).
+template <typename C>
+constexpr int stored_positions() {
+    if constexpr (requires { C::SPECTRUM_POSITIONS; }) return C::SPECTRUM_POSITIONS;
+    else return C::L;
+}
+
 template <typename C, typename T>
 struct spectrum_slot {
+    static constexpr int COUNT = stored_positions<C>();
     float4* values;
     bool pending;  // a gather in flight, its signs not fixed
 
     // Call after committing the first task's input.
     __device__ __forceinline__ spectrum_slot(float4* slot, const Args<T>& a, int first_task, int thread)
         : values(slot), pending(true) {
-        gather_spectrum_async<C>(values, a, first_task / a.pairs, thread);
+        gather_spectrum_async<C, T, COUNT>(values, a, first_task / a.pairs, thread);
         kt::cp_async_commit();
     }
     // This thread's loads of the current task's input have landed (the spectrum may still land).
@@ -387,25 +480,37 @@ struct spectrum_slot {
     __device__ __forceinline__ void settle(const Args<T>& a, int thread) {
         if (!pending) return;
         kt::cp_async_wait<1>();
-        fix_spectrum_signs<C>(values, a.conjugate, thread);
+        fix_spectrum_signs<C, COUNT>(values, a.conjugate, thread);
         pending = false;
     }
     // After the barrier that ends task t's phase 2 (of head h): the next head's spectrum, where
     // task t + 1 starts one.
     __device__ __forceinline__ void refill_after(const Args<T>& a, const Tasks& tasks, int t, int h, int thread) {
         if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {
-            gather_spectrum_async<C>(values, a, h + 1, thread);
+            gather_spectrum_async<C, T, COUNT>(values, a, h + 1, thread);
             kt::cp_async_commit();
             pending = true;
         }
     }
 };
 
+// f(p) for the columns p = warp + WARPS j that this warp owns in phases 1 and 3.
+template <typename C, typename F>
+__device__ __forceinline__ void for_each_column(int warp, F&& f) {
+    if constexpr (C::COLUMNS_ONE_AT_A_TIME) {
+#pragma unroll 1
+        for (int j = 0; j < C::P_PER_WARP; j++) f(warp + C::WARPS * j);
+    } else {
+#pragma unroll
+        for (int j = 0; j < C::P_PER_WARP; j++) f(warp + C::WARPS * j);
+    }
+}
+
 // 16 warps per SM at 128 registers each: one block of 16 or two of 8.
-template <typename T, int R, int WARPS>
+template <typename T, int R, int WARPS, bool FOLDED, bool COMPACT>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
-    using C = ThreeFactor<T, R, WARPS>;
+    using C = ThreeFactor<T, R, WARPS, FOLDED, COMPACT>;
     static_assert(spectrum_order_is_a_permutation<C>());
     constexpr int N = C::N, HALF = C::HALF, XR = C::XR, PQ = C::PQ, Q = C::Q;
     constexpr int THREADS = C::THREADS;
@@ -414,6 +519,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     auto& s = carve.allocate<typename C::Shared>();
     typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
     const int warp = kt::warp_id(), thread = threadIdx.x;
+    if constexpr (COMPACT) __builtin_assume(warp < WARPS);  // phase 2 then knows which spectrum tiles are mirrored
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
@@ -442,8 +548,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
         if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
-#pragma unroll
-        for (int j = 0; j < C::P_PER_WARP; j++) phase1<C>(s.tab, st.x, s.buf, warp + WARPS * j);
+        for_each_column<C>(warp, [&](int p) { phase1<C>(s.tab, st.x, s.buf, p); });
         spectrum.settle(a, thread);
         __syncthreads();
 
@@ -452,7 +557,13 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> acc;
             tile_forward<C>(acc, f16, s.tab, s.buf, kr);
-            cmul_fragments(acc, s.spectrum + kr * (PQ / 2));  // times the filter's spectrum
+            if constexpr (C::COMPACT) {  // times the filter's spectrum
+                cmul_values(acc, [&](int, int k) {
+                    return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
+                });
+            } else {
+                cmul_fragments(acc, s.spectrum + kr * (PQ / 2));
+            }
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
@@ -463,9 +574,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
 
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
         const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);
-#pragma unroll
-        for (int jp = 0; jp < C::P_PER_WARP; jp++) {
-            const int p = warp + WARPS * jp;
+        for_each_column<C>(warp, [&](int p) {
             complex_tile<typename C::column_acc> acc;
             phase3<C>(acc, s.tab, s.buf, p);
             if (a.postgate != nullptr)
@@ -478,7 +587,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             __syncwarp();
             for (int j = 0; j < 2; j++)
                 if (out.seq[j] != nullptr) warp_store_sequence<HALF, kt::TILE_DIM>(out.seq[j], a.seqlen, st.x[j], 0, Q * p);
-        }
+        });
     }
     kt::cp_async_wait<0>();
 }

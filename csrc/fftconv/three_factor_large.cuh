@@ -63,7 +63,7 @@ struct ThreeFactorLarge {
     using sub16_b = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>;
     using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
     using column_acc = kt::rt_fl<XR, kt::TILE_DIM>;  // phase 3's output: rows r, 16 columns q
-    struct Tables {                      // once per block: ThreeFactor's, less twiddle_rows
+    struct Tables {                      // once per block: ThreeFactor's
         kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im)
         float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
@@ -173,18 +173,6 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
         if (out.seq[j] != nullptr && e < uint32_t(seqlen))
             *reinterpret_cast<uint4*>(out.seq[j] + e) = load_shared_16(base[j] + Buf::offset(r, p, 8 * h));
     });
-}
-
-// K at spectrum tile kr for register k of this lane's fragment of a 16 x 16 accumulator: (re,
-// im, re, im) of its two columns. `load(i)` reads float4 i of the stored tiles 0 .. R/2 (phase
-// 2's order); a tile past R/2 is the stored tile R - kr read backwards and conjugated (see the
-// top of this file).
-template <typename C, typename Load>
-__device__ __forceinline__ float4 stored_tile_value(int kr, int k, Load&& load) {
-    const int lane = kt::lane_id();
-    if (kr <= C::R / 2) return load((kr * 4 + k) * kt::WARP_THREADS + lane);
-    const float4 m = load(((C::R - kr) * 4 + 3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane));
-    return make_float4(m.z, -m.w, m.x, -m.y);  // columns c, c + 1
 }
 
 // The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, each K[f] from
