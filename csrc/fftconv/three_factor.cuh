@@ -42,7 +42,7 @@ struct alignas(1024) frequency_tiles {
 // M_k_r = F_16 diag(w_L^(16 k_r p)) / 4 for tile k_r, a 16-bit tile per k_r (and its conjugate
 // transpose for G2). Folded, T1 and T1* are one complex multiply per element instead of two
 // (the twiddle's two factors multiplied per element, then applied), for R KiB more shared memory.
-template <typename T, int R, int P>
+template <int R, int P>
 struct p_twiddle_table {
     float2 twiddle_p[R * P];  // w_L^(Q k_r p), row-major [k_r][p]
 };
@@ -87,12 +87,12 @@ struct ThreeFactor {
     using column_acc = kt::rt_fl<XR, kt::TILE_DIM>;  // phase 3's output: rows r, 16 columns q
 
     struct CompactTables  // once per block
-        : std::conditional_t<FOLDED, p_twiddles_folded<T, R>, p_twiddle_table<T, R, P>> {
+        : std::conditional_t<FOLDED, p_twiddles_folded<T, R>, p_twiddle_table<R, P>> {
         kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
         float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
         float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
     };
-    struct FullTables {
+    struct FullTables {  // CompactTables' (unfolded) with a row-major copy of twiddle_frag
         kt::st<T, R, XR> fr[2];
         float4 twiddle_frag[R * Q / 2];
         float4 twiddle_rows[R * Q / 2];  // w_L^(k_r q) row-major [k_r][q]
@@ -447,10 +447,6 @@ __device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate,
     }
 }
 
-// A block's copy of the filter's spectrum through its tasks, in a shared-memory slot in phase 2's
-// order: gathered right after the first task's input, its signs fixed once it has landed, and
-// gathered again for the next head once every warp's last read of the slot for a head is done.
-// The cp.async groups in flight are [task t's input][the spectrum] or [task t's input].
 // How many of the spectrum's positions a configuration keeps (the first ones, in phase 2's order).
 template <typename C>
 constexpr int stored_positions() {
@@ -458,6 +454,10 @@ constexpr int stored_positions() {
     else return C::L;
 }
 
+// A block's copy of the filter's spectrum through its tasks, in a shared-memory slot in phase 2's
+// order: gathered right after the first task's input, its signs fixed once it has landed, and
+// gathered again for the next head once every warp's last read of the slot for a head is done.
+// The cp.async groups in flight are [task t's input][the spectrum] or [task t's input].
 template <typename C, typename T>
 struct spectrum_slot {
     static constexpr int COUNT = stored_positions<C>();
