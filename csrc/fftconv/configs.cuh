@@ -8,19 +8,28 @@
 namespace tk::fftconv {
 namespace {
 
+// Two blocks of C per SM fit shared_per_sm bytes (each block also takes 1 KiB of the SM's).
+template <typename C>
+constexpr bool two_blocks_fit(int shared_per_sm) {
+    return 2 * (C::shared_bytes + 1024) <= shared_per_sm;
+}
+
 // f(config) for fft_size's forward configuration (a TwoFactor or ThreeFactor type); fft_size
-// must be one decomposition() knows.
+// must be one decomposition() knows. shared_per_sm: the device's shared memory per SM (0 for
+// the configuration that needs the most, which any device that runs the length can run).
 template <typename T, typename F>
-auto with_config(int fft_size, bool pregate, F&& f) {
+auto with_config(int fft_size, bool pregate, int shared_per_sm, F&& f) {
+    using Compact8192 = ThreeFactor<T, 32, 8, false, true>;
     switch (fft_size) {
         case 512: return f(TwoFactor<T, 32, 16, 1>{});
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
         case 2048: return f(TwoFactor<T, 64, 32, 4>{});
-        // Two blocks of 8 warps per SM: their phases and barriers interleave. At L = 8192 with a
-        // pregate two do not fit, and one block of 16 is faster than one of 8 (docs/performance.md
-        // has the A/Bs).
+        // Two blocks of 8 warps per SM: their phases and barriers interleave. At L = 8192 where
+        // two do not fit (with a pregate; an A100's 164 KiB per SM), one block of 16 in the full
+        // layout, which is faster than one of 8 (docs/performance.md has the A/Bs).
         case 4096: return f(ThreeFactor<T, 16, 8, true, true>{});
-        case 8192: return pregate ? f(ThreeFactor<T, 32>{}) : f(ThreeFactor<T, 32, 8, false, true>{});
+        case 8192:
+            return !pregate && two_blocks_fit<Compact8192>(shared_per_sm) ? f(Compact8192{}) : f(ThreeFactor<T, 32>{});
         case 16384: return f(ThreeFactorLarge<T, 64>{});
         default: return f(ThreeFactorLarge<T, 128>{});
     }

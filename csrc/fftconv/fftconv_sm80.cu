@@ -42,7 +42,7 @@ constexpr int64_t workspace_bytes(int heads) {
 
 template <typename T>
 cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
-    return with_config<T>(p.fft_size, p.pregate != nullptr, [&](auto config) {
+    return with_config<T>(p.fft_size, p.pregate != nullptr, p.shared_per_multiprocessor, [&](auto config) {
         using C = decltype(config);
         static_assert(matches_decomposition<C>());
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
@@ -65,8 +65,9 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
 
 int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate) {
     if (decomposition(fft_size).fft_size == 0) return 0;
-    // The same for both element types (16-bit either way).
-    return with_config<kt::bf16>(fft_size, pregate, [&](auto config) {
+    // The same for both element types (16-bit either way); the configuration that needs the most
+    // where a device's shared memory picks one.
+    return with_config<kt::bf16>(fft_size, pregate, 0, [&](auto config) {
         using C = decltype(config);
         return C::shared_bytes + (pregate ? C::pregate_bytes : 0);
     });
@@ -74,7 +75,7 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate) {
 
 int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads) {
     if (decomposition(fft_size).fft_size == 0) return 0;
-    return with_config<kt::bf16>(fft_size, false, [&](auto config) { return workspace_bytes<decltype(config)>(heads); });
+    return with_config<kt::bf16>(fft_size, false, 0, [&](auto config) { return workspace_bytes<decltype(config)>(heads); });
 }
 
 cudaError_t fftconv_fwd_sm80(const ForwardParams& params, cudaStream_t stream) {
