@@ -19,6 +19,11 @@ inline void check_sm90(const c10::Device& device, const char* op, const char* ot
 // Multiprocessors of the current device (persistent grids size themselves by it).
 inline int multiprocessor_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
+// Shared memory per multiprocessor of the current device, bytes (its blocks share it).
+inline int shared_memory_per_multiprocessor() {
+    return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerMultiprocessor);
+}
+
 // Whether the current device takes programmatic dependent launches (sm_90 and newer).
 inline bool supports_dependent_launch() { return at::cuda::getCurrentDeviceProperties()->major >= 9; }
 

@@ -8,12 +8,6 @@
 namespace tk::fftconv {
 namespace {
 
-// Two blocks of C per SM fit shared_per_sm bytes (each block also takes 1 KiB of the SM's).
-template <typename C>
-constexpr bool two_blocks_fit(int shared_per_sm) {
-    return 2 * (C::shared_bytes + 1024) <= shared_per_sm;
-}
-
 // f(config) for fft_size's forward configuration (a TwoFactor or ThreeFactor type); fft_size
 // must be one decomposition() knows. shared_per_sm: the device's shared memory per SM (0 for
 // the configuration that needs the most, which any device that runs the length can run).

@@ -124,7 +124,7 @@ at::Tensor forward_call(const at::Tensor& u, const at::Tensor& k_spectrum, const
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
     fill_sequence_fields(p, u, fft_size, dtype);
-    p.shared_per_multiprocessor = static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerMultiprocessor);
+    p.shared_per_multiprocessor = shared_memory_per_multiprocessor();
     if (pregate.has_value()) {
         p.pregate = pregate->const_data_ptr();
         const auto s = kernel_strides<3>(*pregate);

@@ -22,8 +22,7 @@ cudaError_t run_wgmma(const ForwardParams& p, cudaStream_t stream) {
         using C = decltype(config);
         static_assert(decomposition(C::L).r == C::R && decomposition(C::L).p == C::P);
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
-        // Two blocks per SM: each within half of an SM's 228 KiB, less the 1 KiB it reserves.
-        static_assert(C::BLOCKS_PER_SM == 1 || C::shared_bytes <= 228 * 1024 / 2 - 1024);
+        static_assert(C::BLOCKS_PER_SM == 1 || two_blocks_fit<C>(kSharedPerSm90));
         const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
         return launch<T>(three_factor_wgmma_forward<T, C::R, C::WARPGROUPS>, C::THREADS, smem, forward_args<T>(p), p.multiprocessors,
                          /*whole_heads=*/false, stream);

@@ -243,6 +243,15 @@ __device__ __forceinline__ void scaled_copy(complex_tile<D>& d, const complex_ti
 // Dynamic shared memory one block may have on sm_90 (A100: 163 KB, sm_86/89: 99 KB; the op
 // checks the device's own limit).
 constexpr int kMaxSharedBytes = 227 * 1024;
+// Shared memory of an sm_90 SM, which its blocks share.
+constexpr int kSharedPerSm90 = 228 * 1024;
+
+// Two blocks of C (its forward without a pregate) fit an SM of shared_per_sm bytes: each block
+// also takes 1 KiB of the SM's.
+template <typename C>
+constexpr bool two_blocks_fit(int shared_per_sm) {
+    return 2 * (C::shared_bytes + 1024) <= shared_per_sm;
+}
 
 template <typename T>
 Args<T> forward_args(const ForwardParams& p) {
