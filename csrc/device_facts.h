@@ -19,9 +19,9 @@ inline void check_sm90(const c10::Device& device, const char* op, const char* ot
 // Multiprocessors of the current device (persistent grids size themselves by it).
 inline int multiprocessor_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
-// Shared memory per multiprocessor of the current device, bytes (its blocks share it).
-inline int shared_memory_per_multiprocessor() {
-    return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerMultiprocessor);
+// The most shared memory a block may have on the current device, bytes (its opt-in limit).
+inline int shared_memory_per_block() {
+    return static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
 }
 
 // Whether the current device takes programmatic dependent launches (sm_90 and newer).

@@ -5,7 +5,8 @@ and heads, persistent blocks running many tasks across heads, unwritten output e
 filter spectrum op's layout. tk::fftconv_fwd_sm90 (its wgmma kernels, N = 2048 and 4096, on an
 sm_90 GPU) under the same rule: every dtype and gate, the correlation, lengths in between,
 strided inputs, batches and heads over blocks, unwritten elements; at its other lengths it is
-the sm80 kernel, bit for bit.
+the sm80 kernel, bit for bit. N = 2048 and 4096 in both of their configurations (the folded one
+Hopper runs, and the full layout smaller GPUs run, picked here with TK_FFTCONV_SHARED_PER_BLOCK).
 
 Tolerance. eps = 2^-8 (bf16) or 2^-11 (fp16), the spacing of the 16-bit numbers at 1. Rounding
 one tensor of these values to 16 bits costs about 0.42 eps of relative L2 error. The kernel rounds
@@ -259,6 +260,56 @@ def test_conjugate_spectrum_is_the_correlation(n, dtype, gates):
     eps = EPS[dtype]
     assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
     assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
+
+
+# ---- a smaller GPU's configurations, run here --------------------------------------------------
+# N = 2048 and 4096 fold T1 into their DFT matrices where a block holds the folded tables (Hopper;
+# an A100 at 2048); elsewhere (an RTX 4090 at 2048, an A100 at 4096) the full layout runs.
+# TK_FFTCONV_SHARED_PER_BLOCK caps the shared memory the op's choice assumes; 0 picks the full
+# layout here.
+
+FOLDED_LENGTHS = [2048, 4096]
+
+
+@pytest.mark.parametrize("conjugate", [False, True], ids=["convolution", "correlation"])
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", FOLDED_LENGTHS)
+def test_full_layout_matches_reference(monkeypatch, n, dtype, gates, conjugate):
+    seeded("full-layout", n, dtype, gates, conjugate)
+    u, k, pre, post = fftconv_inputs(3, 5, n - 8 * 37, dtype, gates)  # a shorter sequence too: zero padding
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "0")
+    y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n, conjugate)
+    if conjugate:
+        ref = correlation_reference(u, k, pre, post)
+        err = y.double() - ref
+        eps = EPS[dtype]
+        assert torch.isfinite(y).all()
+        assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
+        assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
+    else:
+        assert_close(y, u, k, pre, post)
+
+
+@pytest.mark.parametrize("n", FOLDED_LENGTHS)
+def test_shared_memory_cap_picks_the_configuration(monkeypatch, n):
+    """The folded and the full layout round differently, so their outputs differ in some bits:
+    the cap reaches the kernel choice (and a cap above the device's is the device's)."""
+    seeded("cap", n)
+    u, k, pre, post = fftconv_inputs(4, 3, n, torch.bfloat16, "none")
+    spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
+    op = torch.ops.tk.fftconv_fwd_sm80
+    folded = op(u, spectrum, None, None, 2 * n)
+    monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", str(1 << 30))
+    assert torch.equal(op(u, spectrum, None, None, 2 * n), folded)
+    monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "0")
+    full = op(u, spectrum, None, None, 2 * n)
+    assert not torch.equal(full, folded)
+    assert_close(full, u, k)
+    monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "lots")
+    with pytest.raises(RuntimeError, match="TK_FFTCONV_SHARED_PER_BLOCK must be a number of bytes"):
+        op(u, spectrum, None, None, 2 * n)
 
 
 # ---- the filter gradient ----------------------------------------------------------------------

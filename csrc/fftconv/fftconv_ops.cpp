@@ -11,7 +11,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 
@@ -88,6 +90,21 @@ void fill_sequence_fields(Params& p, const at::Tensor& u, int64_t fft_size, Elem
 
 cudaStream_t current_stream(const at::Tensor& u) { return at::cuda::getCurrentCUDAStream(u.device().index()).stream(); }
 
+// The shared memory per block that picks the forward's configuration (configs.cuh): the device's,
+// or less where the environment variable TK_FFTCONV_SHARED_PER_BLOCK (bytes) says so, which runs
+// a smaller GPU's configuration on this one (0: the one that needs the least); the tests run
+// them on Hopper with it.
+int configuration_shared_per_block() {
+    const int device = shared_memory_per_block();
+    const char* cap = std::getenv("TK_FFTCONV_SHARED_PER_BLOCK");
+    if (cap == nullptr || *cap == '\0') return device;
+    char* end = nullptr;
+    const long bytes = std::strtol(cap, &end, 10);
+    TORCH_CHECK(*end == '\0' && bytes >= 0, "environment variable TK_FFTCONV_SHARED_PER_BLOCK must be a number of "
+                "bytes >= 0, got '", cap, "'");
+    return static_cast<int>(std::min<long>(bytes, device));
+}
+
 // A forward kernel family's entry points (params.h).
 struct ForwardKernels {
     cudaError_t (*run)(const ForwardParams&, cudaStream_t);
@@ -124,7 +141,7 @@ at::Tensor forward_call(const at::Tensor& u, const at::Tensor& k_spectrum, const
     at::Tensor y = at::empty(u.sizes(), u.options());
     ForwardParams p{};
     fill_sequence_fields(p, u, fft_size, dtype);
-    p.shared_per_multiprocessor = shared_memory_per_multiprocessor();
+    p.shared_per_block = configuration_shared_per_block();
     if (pregate.has_value()) {
         p.pregate = pregate->const_data_ptr();
         const auto s = kernel_strides<3>(*pregate);

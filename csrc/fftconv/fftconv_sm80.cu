@@ -30,7 +30,7 @@ template <typename C>
 auto forward_kernel() {
     using T = typename C::dtype;
     if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS>;
-    else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED, C::COMPACT>;
+    else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED>;
     else return two_factor_forward<T, C::R, C::Q, C::WARPS>;
 }
 
@@ -42,7 +42,7 @@ constexpr int64_t workspace_bytes(int heads) {
 
 template <typename T>
 cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
-    return with_config<T>(p.fft_size, p.pregate != nullptr, p.shared_per_multiprocessor, [&](auto config) {
+    return with_config<T>(p.fft_size, p.pregate != nullptr, p.shared_per_block, [&](auto config) {
         using C = decltype(config);
         static_assert(matches_decomposition<C>());
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
@@ -65,8 +65,8 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
 
 int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate) {
     if (decomposition(fft_size).fft_size == 0) return 0;
-    // The same for both element types (16-bit either way); the configuration that needs the most
-    // where a device's shared memory picks one.
+    // The same for both element types (16-bit either way); where a device's shared memory picks
+    // the configuration, the one that needs the least (a device with more runs a larger one).
     return with_config<kt::bf16>(fft_size, pregate, 0, [&](auto config) {
         using C = decltype(config);
         return C::shared_bytes + (pregate ? C::pregate_bytes : 0);

@@ -94,14 +94,16 @@ def two_factor(u, spectrum, R, Q, dtype, pre=None, post=None):
     return unpack_pairs(y.reshape(-1, n), batch, dtype, post)
 
 
-# Kernel lengths whose forward folds T1's p part into F2's matrix (three_factor.cuh, FOLDED).
-FOLDED = {2048}
+# Kernel lengths whose forward folds T1 into F2's and F3's matrices (three_factor.cuh, FOLDED and
+# FOLDED_Q).
+FOLDED = {2048, 4096}
 
 
 def three_factor(u, spectrum, R, dtype, pre=None, post=None, P=16, Q=16, folded=False):
     """L = R P Q. F1 and G1 with the plain F_R; T1 = w_L^(k_r q) w_L^(Q k_r p) in fp32 (both
-    factors from fp32 tables), or (folded) w_L^(k_r q) only, with F2's matrix for tile k_r
-    F_P diag(w_L^(Q k_r p)) rounded to 16 bits as one matrix (G2's its conjugate transpose)."""
+    factors from fp32 tables), or (folded) no T1: F2's matrix for tile k_r is
+    F_P diag(w_L^(Q k_r p)) and F3's diag(w_L^(k_r q)) F_Q, each rounded to 16 bits as one
+    matrix (G2's and G3's their conjugate transposes)."""
     batch, n = u.shape
     L = 2 * n
     z = pack_pairs(u, dtype, pre)
@@ -113,17 +115,19 @@ def three_factor(u, spectrum, R, dtype, pre=None, post=None, P=16, Q=16, folded=
     p, q = np.arange(P)[None, :, None], np.arange(Q)[None, None, :]
     fp32 = lambda x: x.astype(np.complex64).astype(np.complex128)
     if folded:
-        tw1 = fp32(root(L, kr * q)) * np.ones((1, P, 1))                # [k_r, p, q]
+        tw1 = np.ones((R, P, Q))
         M = rnd(dft(P)[None] * root(L, Q * kr * p.reshape(1, 1, P)) / math.sqrt(P), dtype)  # [k_r, k_p, p]
+        N = rnd(root(L, kr * q.reshape(1, Q, 1)) * dft(Q)[None] / math.sqrt(Q), dtype)       # [k_r, q, k_q]
     else:
         tw1 = fp32(fp32(root(L, kr * q)) * fp32(root(L, Q * kr * p)))  # [k_r, p, q]
         M = np.broadcast_to(FP, (R, P, P))
+        N = np.broadcast_to(FQ, (R, Q, Q))
     tw2 = root(P * Q, p * q)[0]                                         # [k_p, q]
     K = spectrum[..., kr + R * p + R * P * q]                           # [k_r, k_p, k_q]
     Y = rnd((FRh @ X).reshape(-1, R, P, Q) * tw1, dtype)                            # F1, T1
     Z = rnd(np.einsum('rap,nrpq->nraq', M, Y) * tw2, dtype)                         # F2, T2
-    W = rnd((Z @ FQ) * K, dtype)                                                    # F3, filter
-    V = rnd((W @ np.conj(FQ)) * np.conj(tw2), dtype)                                # G3, T2*
+    W = rnd(np.einsum('nrpq,rqk->nrpk', Z, N) * K, dtype)                           # F3, filter
+    V = rnd(np.einsum('nrpk,rqk->nrpq', W, np.conj(N)) * np.conj(tw2), dtype)       # G3, T2*
     U = rnd(np.einsum('rap,nraq->nrpq', np.conj(M), V) * np.conj(tw1), dtype)       # G2, T1*
     y = np.conj(FRh).T @ U.reshape(-1, R, P * Q)                                    # G1, r < R/2
     return unpack_pairs(y.reshape(-1, n), batch, dtype, post)

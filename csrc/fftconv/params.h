@@ -65,7 +65,7 @@ struct ForwardParams {
     int fft_size;  // L, one decomposition() knows
     ElementType dtype;
     int multiprocessors;  // of the current device (sizes the grid)
-    int shared_per_multiprocessor;  // its shared memory per SM, bytes (picks a configuration)
+    int shared_per_block;  // the shared memory a block may have there, bytes (picks a configuration)
 };
 
 struct FilterGradParams {

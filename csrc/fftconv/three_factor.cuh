@@ -38,45 +38,37 @@ struct alignas(1024) frequency_tiles {
     }
 };
 
-// T1's p part, w_L^(16 k_r p), as a table of its own, or (FOLDED) multiplied into F2's matrix:
-// M_k_r = F_16 diag(w_L^(16 k_r p)) / 4 for tile k_r, a 16-bit tile per k_r (and its conjugate
-// transpose for G2). Folded, T1 and T1* are one complex multiply per element instead of two
-// (the twiddle's two factors multiplied per element, then applied), for R KiB more shared memory.
-template <int R, int P>
-struct p_twiddle_table {
-    float2 twiddle_p[R * P];  // w_L^(Q k_r p), row-major [k_r][p]
-};
-template <typename T, int R>
-struct p_twiddles_folded {
-    kt::st<T, R * kt::TILE_DIM, kt::TILE_DIM> f2[2];  // M_k_r (re, im) at rows 16 k_r + k_p, cols p
-    __device__ auto f2_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f2[part], kr, 0); }
-};
-
+// Whether C folds T1 into its matrices (ThreeFactor's FOLDED; ThreeFactorLarge does not).
 template <typename C>
-concept folds_p_twiddles = C::FOLDED;
+concept folds_twiddles = C::FOLDED;
 
-// COMPACT: the forward keeps the filter's spectrum tiles 0 .. R/2 only (the others read mirrored,
-// stored_tile_value) and T1*'s twiddles from the fragment-order table, for a block small enough
-// to run two per SM (113 KiB at R = 32, 8 warps). The full layout (every tile, a row-major twiddle
-// table beside the fragment-order one) stays where it measured faster: the 16-warp forward with
-// a pregate, and the filter gradients.
-template <typename T, int R_, int WARPS_ = 16, bool FOLDED_ = false, bool COMPACT_ = false>
+// FOLDED: T1 (and T1*) multiplied into the matrices of F2 and F3 (G2 and G3), one 16-bit tile per
+// k_r each:
+//   M_k_r = F_16 diag(w_L^(16 k_r p)) / 4   (rows k_p, cols p: T1's p part, contracted by F2)
+//   N_k_r = diag(w_L^(k_r q)) F_16 / 4      (rows q, cols k_q: T1's q part, which commutes with F2
+//                                            and is contracted by F3)
+// G2 takes conj(M_k_r^T) and G3 conj(N_k_r^T) (T1*'s q part commutes with T2*). Phase 1 is then
+// F1 alone and phase 2 multiplies each element three times (T2, the spectrum, T2*), where
+// unfolded T1 and T1* take two complex multiplies per element each (the twiddle formed from its
+// two table factors, then applied); each matrix entry is one exact angle rounded once, like
+// F_16's. The
+// folded forward also keeps the filter's spectrum tiles 0 .. R/2 only (the others read mirrored,
+// stored_tile_value). Unfolded, the full layout: every spectrum tile, T1's two factors from fp32
+// tables, for the filter gradients and for a GPU whose blocks cannot hold the folded tables
+// (configs.cuh).
+template <typename T, int R_, int WARPS_ = 16, bool FOLDED_ = false>
 struct ThreeFactor {
     using dtype = T;
     static constexpr bool THREE_FACTORS = true;
-    static constexpr bool FOLDED = FOLDED_, COMPACT = COMPACT_;
-    static_assert(COMPACT || !FOLDED);
+    static constexpr bool FOLDED = FOLDED_;
     static constexpr int R = R_, P = 16, Q = 16, PQ = P * Q, L = R * PQ, N = L / 2, HALF = R / 2;
     static constexpr int WARPS = WARPS_, THREADS = WARPS * kt::WARP_THREADS;
     static_assert(P % WARPS == 0 && R % WARPS == 0);
     static constexpr int XR = HALF < kt::TILE_DIM ? kt::TILE_DIM : HALF;  // F1's K, padded to 16
-    // The spectrum positions kept: tiles 0 .. R/2 (compact) or all.
-    static constexpr int SPECTRUM_POSITIONS = COMPACT ? (R / 2 + 1) * PQ : L;
+    // The spectrum positions kept: tiles 0 .. R/2 (folded) or all.
+    static constexpr int SPECTRUM_POSITIONS = FOLDED ? (R / 2 + 1) * PQ : L;
     static constexpr int KR_PER_WARP = R / WARPS;  // phase 2: warp w owns k_r = w + WARPS j
     static constexpr int P_PER_WARP = P / WARPS;   // phases 1 and 3: warp w owns p = w + WARPS j
-    // The forward's phases 1 and 3 a column at a time at R = 32 with 8 warps: their two columns
-    // unrolled spill at 128 registers.
-    static constexpr bool COLUMNS_ONE_AT_A_TIME = R > 16 && P_PER_WARP > 1;
     // The next pair's input lands during the three phases of the current one.
     static constexpr int STAGES = 2;
     using seq_tile = kt::st<T, XR, PQ>;  // rows r, columns (p, q); rows >= R/2 zero
@@ -86,20 +78,21 @@ struct ThreeFactor {
     using acc16 = kt::rt_fl<kt::TILE_DIM, kt::TILE_DIM>;
     using column_acc = kt::rt_fl<XR, kt::TILE_DIM>;  // phase 3's output: rows r, 16 columns q
 
-    struct CompactTables  // once per block
-        : std::conditional_t<FOLDED, p_twiddles_folded<T, R>, p_twiddle_table<R, P>> {
-        kt::st<T, R, XR> fr[2];          // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
-        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
-        float4 twiddle2[PQ / 2];         // w_256^(k_p q), fragment order of a 16 x 16 tile
+    struct FoldedTables {  // once per block
+        kt::st<T, R, XR> fr[2];     // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
+        float4 twiddle2[PQ / 2];    // w_256^(k_p q), fragment order of a 16 x 16 tile
+        kt::st<T, R * kt::TILE_DIM, kt::TILE_DIM> f2[2], f3[2];  // M_k_r and N_k_r (re, im) at rows 16 k_r
+        __device__ auto f2_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f2[part], kr, 0); }
+        __device__ auto f3_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f3[part], kr, 0); }
     };
-    struct FullTables {  // CompactTables' (unfolded) with a row-major copy of twiddle_frag
+    struct FullTables {
         kt::st<T, R, XR> fr[2];
-        float4 twiddle_frag[R * Q / 2];
-        float4 twiddle_rows[R * Q / 2];  // w_L^(k_r q) row-major [k_r][q]
+        float4 twiddle_frag[R * Q / 2];  // w_L^(k_r q) in the fragment order of R x 16 tiles
+        float4 twiddle_rows[R * Q / 2];  // the same, row-major [k_r][q]
         float4 twiddle2[PQ / 2];
         float2 twiddle_p[R * P];         // w_L^(Q k_r p), row-major [k_r][p]
     };
-    using Tables = std::conditional_t<COMPACT, CompactTables, FullTables>;
+    using Tables = std::conditional_t<FOLDED, FoldedTables, FullTables>;
     // Forward convolution.
     struct Stage {
         seq_tile x[2];  // batch 2i (re), 2i + 1 (im); y staged here after F1
@@ -139,14 +132,16 @@ template <typename C>
 __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread) {
     using T = typename C::dtype;
     constexpr int R = C::R, Q = C::Q, L = C::L, PQ = C::PQ, XR = C::XR, HALF = C::HALF;
-    // Twiddles w_L^(k_r q): in the fragment order of F1's accumulator (R x 16, row layout:
-    // float4 (i * 4 + k) * 32 + lane holds its register k of base tile i), and row-major where
-    // the configuration has that table.
+    // Unfolded, twiddles w_L^(k_r q): in the fragment order of F1's accumulator (R x 16, row
+    // layout: float4 (i * 4 + k) * 32 + lane holds its register k of base tile i), and row-major
+    // where the configuration has that table.
     for (int e = thread; e < R * Q / 2; e += C::THREADS) {
-        const int l = e % 32, k = (e / 32) % 4, i = e / 128;
-        const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
-        const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
-        tab.twiddle_frag[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
+        if constexpr (requires { tab.twiddle_frag; }) {
+            const int l = e % 32, k = (e / 32) % 4, i = e / 128;
+            const int row = kt::TILE_DIM * i + 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
+            const float2 w0 = unit_root(row * col, L), w1 = unit_root(row * (col + 1), L);
+            tab.twiddle_frag[e] = make_float4(w0.x, w0.y, w1.x, w1.y);
+        }
         if constexpr (requires { tab.twiddle_rows; }) {
             const int row2 = e / (Q / 2), col2 = (e % (Q / 2)) * 2;
             const float2 v0 = unit_root(row2 * col2, L), v1 = unit_root(row2 * (col2 + 1), L);
@@ -154,7 +149,7 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
         }
         if (e < PQ / 2) tab.twiddle2[e] = twiddle2_value(e);
     }
-    // F1's A operand (and, transposed and conjugated, G1's), and the p part of T1.
+    // F1's A operand (and, transposed and conjugated, G1's), and T1's parts.
     const float r_scale = rsqrtf(float(R));
     for (int e = thread; e < R * XR; e += C::THREADS) {
         const int row = e / XR, col = e % XR;
@@ -172,6 +167,13 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
             const float2 w = unit_root(((L / 16) * kp + 16 * kr) * p, L);
             *tab.f2[0].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.x * 0.25f);
             *tab.f2[1].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.y * 0.25f);
+        }
+        // N_k_r[q, k_q] = w_L^(k_r q) w_16^(q k_q) / 4 = w_L^((k_r + L / 16 k_q) q) / 4.
+        for (int e = thread; e < R * PQ; e += C::THREADS) {
+            const int kr = e / PQ, q = (e / C::Q) % C::Q, kq = e % C::Q;
+            const float2 w = unit_root((kr + (L / 16) * kq) * q, L);
+            *tab.f3[0].ptr(kt::TILE_DIM * kr + q, kq) = kt::convert<T>(w.x * 0.25f);
+            *tab.f3[1].ptr(kt::TILE_DIM * kr + q, kq) = kt::convert<T>(w.y * 0.25f);
         }
     }
 }
@@ -239,10 +241,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
     kt::zero(acc.im);
     cmma(acc, a1, xb, x_neg);
     // T1 = w_L^(k_r q) w_L^(16 k_r p): the first from the fragment-order table, the second one
-    // value per row (this p), or (folded) in F2's matrix.
-    if constexpr (folds_p_twiddles<C>) {
-        cmul_fragments(acc, tab.twiddle_frag);
-    } else {
+    // value per row (this p); folded, in F2's and F3's matrices.
+    if constexpr (!folds_twiddles<C>) {
         kt::for_each_pair(acc.re, [&](int ti, int, int k, float2& re) {
             const float2 c = tab.twiddle_p[(ti * kt::TILE_DIM + 8 * (k % 2) + lane / 4) * C::P + p];
             const float4 v = tab.twiddle_frag[(ti * 4 + k) * kt::WARP_THREADS + lane];
@@ -257,8 +257,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
 
 // Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
 // F2, T2, F3.
-// `slot` is the tile's index in buf (k_r, or its place in a buffer of part of the k_r; k_r where
-// the configuration folds T1's p part into F2).
+// `slot` is the tile's index in buf (k_r, or its place in a buffer of part of the k_r; k_r in a
+// folded configuration).
 template <typename C, typename Buf>
 __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& acc, const F16<C>& f16,
                                              typename C::Tables& tab, Buf (&buf)[2], int slot) {
@@ -272,7 +272,7 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     negate(yb_neg, yb.im);
     kt::zero(acc.re);
     kt::zero(acc.im);
-    if constexpr (folds_p_twiddles<C>) {
+    if constexpr (folds_twiddles<C>) {
         complex_tile<sub16> m;  // M_k_r: F_16 with T1's p part
         kt::load(m.re, tab.f2_tile(slot, 0));
         kt::load(m.im, tab.f2_tile(slot, 1));
@@ -288,7 +288,14 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     negate(z_neg, z.im);
     kt::zero(acc.re);
     kt::zero(acc.im);
-    cmma_neg_a(acc, z, z_neg, f16.b);  // F3: rows k_p, cols k_q
+    if constexpr (folds_twiddles<C>) {
+        complex_tile<sub16_b> n;  // N_k_r: F_16 with T1's q part
+        kt::load(n.re, tab.f3_tile(slot, 0));
+        kt::load(n.im, tab.f3_tile(slot, 1));
+        cmma_neg_a(acc, z, z_neg, n);  // F3 and T1's q part: rows k_p, cols k_q
+    } else {
+        cmma_neg_a(acc, z, z_neg, f16.b);  // F3: rows k_p, cols k_q
+    }
 }
 
 // w_L^(k_r q) and w_L^(k_r (q + 1)) for an even q: from the row-major table where the
@@ -318,7 +325,19 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     complex_tile<acc16> acc;
     kt::zero(acc.re);
     kt::zero(acc.im);
-    cmma_conj_b(acc, z, z_neg, f16.b);  // G3: rows k_p, cols q
+    if constexpr (folds_twiddles<C>) {
+        // G3 and T1*'s q part (which commutes with T2*): conj(N_k_r^T), N_k_r loaded as a row-layout
+        // tile and renamed as the col-layout tile of its transpose.
+        complex_tile<sub16> n;
+        complex_tile<sub16_b> nt;
+        kt::load(n.re, tab.f3_tile(kr, 0));
+        kt::load(n.im, tab.f3_tile(kr, 1));
+        kt::transpose_sep(nt.re, n.re);
+        kt::transpose_sep(nt.im, n.im);
+        cmma_conj_b(acc, z, z_neg, nt);  // rows k_p, cols q
+    } else {
+        cmma_conj_b(acc, z, z_neg, f16.b);  // G3: rows k_p, cols q
+    }
     cmul_fragments<true>(acc, tab.twiddle2);  // T2*
     complex_tile<sub16> v;
     kt::copy(v.re, acc.re);
@@ -330,16 +349,12 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     negate(vb_neg, vb.re);
     kt::zero(acc.re);
     kt::zero(acc.im);
-    if constexpr (folds_p_twiddles<C>) {
+    if constexpr (folds_twiddles<C>) {
         // G2 and T1*'s p part: conj(M_k_r^T), M_k_r loaded transposed (a col-layout A operand).
         complex_tile<sub16_b> mt;
         kt::load(mt.re, tab.f2_tile(kr, 0));
         kt::load(mt.im, tab.f2_tile(kr, 1));
         cmma_conj_a(acc, mt, vb, vb_neg);  // rows p, cols q
-        kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*'s q part: conj w_L^(k_r q)
-            const float4 w = twiddle_at<C>(tab, kr, acc16::col_in_base(k, 0));
-            cmul_pair<true>(re, acc.im.tiles[0][0].data[k], make_float2(w.x, w.y), make_float2(w.z, w.w));
-        });
     } else {
         cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
         kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
@@ -497,20 +512,15 @@ struct spectrum_slot {
 // f(p) for the columns p = warp + WARPS j that this warp owns in phases 1 and 3.
 template <typename C, typename F>
 __device__ __forceinline__ void for_each_column(int warp, F&& f) {
-    if constexpr (C::COLUMNS_ONE_AT_A_TIME) {
-#pragma unroll 1
-        for (int j = 0; j < C::P_PER_WARP; j++) f(warp + C::WARPS * j);
-    } else {
 #pragma unroll
-        for (int j = 0; j < C::P_PER_WARP; j++) f(warp + C::WARPS * j);
-    }
+    for (int j = 0; j < C::P_PER_WARP; j++) f(warp + C::WARPS * j);
 }
 
 // 16 warps per SM at 128 registers each: one block of 16 or two of 8.
-template <typename T, int R, int WARPS, bool FOLDED, bool COMPACT>
+template <typename T, int R, int WARPS, bool FOLDED>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
-    using C = ThreeFactor<T, R, WARPS, FOLDED, COMPACT>;
+    using C = ThreeFactor<T, R, WARPS, FOLDED>;
     static_assert(spectrum_order_is_a_permutation<C>());
     constexpr int N = C::N, HALF = C::HALF, XR = C::XR, PQ = C::PQ, Q = C::Q;
     constexpr int THREADS = C::THREADS;
@@ -519,7 +529,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     auto& s = carve.allocate<typename C::Shared>();
     typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
     const int warp = kt::warp_id(), thread = threadIdx.x;
-    if constexpr (COMPACT) __builtin_assume(warp < WARPS);  // phase 2 then knows which spectrum tiles are mirrored
+    if constexpr (FOLDED) __builtin_assume(warp < WARPS);  // phase 2 then knows which spectrum tiles are mirrored
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
@@ -557,7 +567,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> acc;
             tile_forward<C>(acc, f16, s.tab, s.buf, kr);
-            if constexpr (C::COMPACT) {  // times the filter's spectrum
+            if constexpr (FOLDED) {  // times the filter's spectrum
                 cmul_values(acc, [&](int, int k) {
                     return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
                 });
