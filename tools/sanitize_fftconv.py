@@ -4,15 +4,18 @@
         python3 tools/sanitize_fftconv.py [LENGTH ...]
 
 Calls torch.ops.tk.fftconv_fwd_sm80 (the convolution and, with the conjugate spectrum, the
-correlation), on an sm_90 GPU also torch.ops.tk.fftconv_fwd_sm90 (its wgmma kernels at N = 2048
-and 4096), and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
+correlation; at N = 2048 and 4096 also in the full layout a smaller GPU runs, picked with
+TK_FFTCONV_SHARED_PER_BLOCK=0), on an sm_90 GPU also torch.ops.tk.fftconv_fwd_sm90 (its wgmma
+kernels at N = 2048 and 4096), and torch.ops.tk.fftconv_filter_grad_sm80 directly (no fallback can hide a kernel
 problem) at every kernel length, both dtypes, with and without gates, shorter inputs than the
 kernel length, and batches that leave a head's last pair half-used (the kernel lengths given on
 the command line only, if any). Inputs and the float64 references are made on the CPU. Exits
 non-zero on any mismatch.
 """
 
+import contextlib
 import itertools
+import os
 import sys
 
 import torch
@@ -41,12 +44,35 @@ def relative(got, ref):
     return ((got.cpu().double() - ref).norm() / ref.norm()).item()
 
 
+# Kernel lengths whose sm80 forward has a second configuration, the full layout of GPUs with less
+# shared memory per block (csrc/fftconv/configs.cuh).
+FULL_LAYOUT_LENGTHS = (2048, 4096)
+
+
+@contextlib.contextmanager
+def shared_per_block_cap(value):
+    """TK_FFTCONV_SHARED_PER_BLOCK set to `value` (None: left as it is) for the block."""
+    old = os.environ.get("TK_FFTCONV_SHARED_PER_BLOCK")
+    if value is not None:
+        os.environ["TK_FFTCONV_SHARED_PER_BLOCK"] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if old is None:
+                del os.environ["TK_FFTCONV_SHARED_PER_BLOCK"]
+            else:
+                os.environ["TK_FFTCONV_SHARED_PER_BLOCK"] = old
+
+
 def forward_ops(length):
-    """The forward ops to check at a kernel length: the sm80 one, and the sm90 one on an sm_90 GPU
-    where it has a wgmma kernel."""
-    ops = [torch.ops.tk.fftconv_fwd_sm80]
+    """(op, shared-per-block cap) to check at a kernel length: the sm80 op (and its full layout
+    where it has one), and the sm90 one on an sm_90 GPU where it has a wgmma kernel."""
+    ops = [(torch.ops.tk.fftconv_fwd_sm80, None)]
+    if length in FULL_LAYOUT_LENGTHS:
+        ops.append((torch.ops.tk.fftconv_fwd_sm80, "0"))
     if torch.cuda.get_device_capability() == (9, 0) and length in plan.WGMMA_LENGTHS:
-        ops.append(torch.ops.tk.fftconv_fwd_sm90)
+        ops.append((torch.ops.tk.fftconv_fwd_sm90, None))
     return ops
 
 
@@ -62,15 +88,16 @@ def main() -> int:
         pre = torch.randn(batch, heads, n).to(dtype) if gated else None
         post = torch.randn(batch, heads, n).to(dtype) if gated else None
         spectrum = torch.ops.tk.fftconv_filter_spectrum(k.cuda(), fft_size)
-        for conjugate, op in itertools.product((False, True), forward_ops(length)):
-            y = op(u.cuda(), spectrum, pre.cuda() if gated else None, post.cuda() if gated else None, fft_size,
-                   conjugate)
+        for conjugate, (op, cap) in itertools.product((False, True), forward_ops(length)):
+            with shared_per_block_cap(cap):
+                y = op(u.cuda(), spectrum, pre.cuda() if gated else None, post.cuda() if gated else None, fft_size,
+                       conjugate)
             err = relative(y, reference(u, k, pre, post, conjugate))
             runs += 1
             if not err <= 2 ** -6:
                 failures += 1
-                print(f"MISMATCH {op} length={length} {dtype} gated={gated} batch={batch} conjugate={conjugate}: "
-                      f"relative L2 {err:.3e}")
+                print(f"MISMATCH {op} (shared-per-block cap {cap}) length={length} {dtype} gated={gated} "
+                      f"batch={batch} conjugate={conjugate}: relative L2 {err:.3e}")
         if not gated:
             dy = torch.randn(batch, heads, n).to(dtype)
             grad = torch.ops.tk.fftconv_filter_grad_sm80(dy.cuda(), u.cuda(), fft_size)
