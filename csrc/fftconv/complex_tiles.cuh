@@ -222,6 +222,16 @@ __device__ __forceinline__ void store_runs(const RT& src, Run&& run) {
         }
 }
 
+// A row-layout register tile into 16-bit shared memory through addr(row, col), converted to T:
+// with stmatrix where the GPU has it (sm_90: a 16 x 16 tile per instruction, so every 8-element
+// run along a row, from a column that is a multiple of 8, must be 16 contiguous, 16-byte aligned
+// bytes), pair by pair elsewhere.
+template <typename T, kt::register_tile RT, typename Addr>
+__device__ __forceinline__ void store_tile_to(const RT& src, Addr&& addr) {
+    if constexpr (kt::detail::has_stmatrix) store_runs<false, T>(src, addr);
+    else store_to<T>(src, addr);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sequences <-> shared tiles. A shared tile ST holds elements [0, ELEMS) of one sequence
 // row-major (element e at row e / ST::cols, column e % ST::cols). Sequences are 16-byte aligned

@@ -251,8 +251,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
         });
     }
     const uint32_t re = buf[0].base(), im = buf[1].base();
-    store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
-    store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
+    store_tile_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
+    store_tile_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
 }
 
 // Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
@@ -369,8 +369,15 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     // reads must be done first (a write-after-read within the warp).
     __syncwarp();
     const uint32_t re = buf[0].base(), im = buf[1].base();
-    store_to<T>(acc.re, [&](int row, int col) { return re + Buf::offset(slot, row, col); });
-    store_to<T>(acc.im, [&](int row, int col) { return im + Buf::offset(slot, row, col); });
+    auto address = [&](uint32_t base) { return [&, base](int row, int col) { return base + Buf::offset(slot, row, col); }; };
+    if constexpr (requires { requires C::LARGE; }) {
+        // ThreeFactorLarge's R = 128 forward spilled in its task loop with stmatrix's stores.
+        store_to<T>(acc.re, address(re));
+        store_to<T>(acc.im, address(im));
+    } else {
+        store_tile_to<T>(acc.re, address(re));
+        store_tile_to<T>(acc.im, address(im));
+    }
 }
 
 // Phase 3 for columns (p, *): acc[r, q] = sum_k_r conj(F_R[r, k_r]) buf[k_r, p, q] / sqrt(R)
