@@ -221,6 +221,14 @@ struct F16 {
     }
 };
 
+// An fp32 tile into a frequency buffer (or the output staging) as 16-bit values: stmatrix where
+// the GPU has it, pair stores for a configuration that asks for them (PAIR_STORES).
+template <typename C, typename RT, typename Addr>
+__device__ __forceinline__ void store_frequency_tile(const RT& src, Addr&& addr) {
+    if constexpr (requires { requires C::PAIR_STORES; }) store_to<typename C::dtype>(src, addr);
+    else store_tile_to<typename C::dtype>(src, addr);
+}
+
 // Phase 1 for columns (p, *): F1 and T1 of the pair's sequence x (re, im) into buf.
 template <typename C>
 __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_tile (&x)[2],
@@ -251,8 +259,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
         });
     }
     const uint32_t re = buf[0].base(), im = buf[1].base();
-    store_tile_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
-    store_tile_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
+    store_frequency_tile<C>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
+    store_frequency_tile<C>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
 }
 
 // Phase 2, forward: acc = spectrum tile k_r (rows k_p, cols k_q, fp32) of the pair in buf:
@@ -369,15 +377,8 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     // reads must be done first (a write-after-read within the warp).
     __syncwarp();
     const uint32_t re = buf[0].base(), im = buf[1].base();
-    auto address = [&](uint32_t base) { return [&, base](int row, int col) { return base + Buf::offset(slot, row, col); }; };
-    if constexpr (requires { requires C::LARGE; }) {
-        // ThreeFactorLarge's R = 128 forward spilled in its task loop with stmatrix's stores.
-        store_to<T>(acc.re, address(re));
-        store_to<T>(acc.im, address(im));
-    } else {
-        store_tile_to<T>(acc.re, address(re));
-        store_tile_to<T>(acc.im, address(im));
-    }
+    store_frequency_tile<C>(acc.re, [&](int row, int col) { return re + Buf::offset(slot, row, col); });
+    store_frequency_tile<C>(acc.im, [&](int row, int col) { return im + Buf::offset(slot, row, col); });
 }
 
 // Phase 3 for columns (p, *): acc[r, q] = sum_k_r conj(F_R[r, k_r]) buf[k_r, p, q] / sqrt(R)

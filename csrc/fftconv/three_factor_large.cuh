@@ -58,6 +58,9 @@ struct ThreeFactorLarge {
     // phase 2, and runs phase 2's k_r one at a time (unrolled, it spills).
     static constexpr bool F16_FROM_SHARED = R > 64;
     static constexpr int PHASE2_UNROLL = R <= 64 ? KR_PER_WARP : 1;
+    // The R = 128 forward (16 warps, 128 registers) spills in its task loop with stmatrix's
+    // stores (their runs' addresses live at once): pair stores there.
+    static constexpr bool PAIR_STORES = R > 64 && WARPS == 16;
     using buffer = frequency_tiles<T, R>;
     using sub16 = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM>;
     using sub16_b = kt::rt<T, kt::TILE_DIM, kt::TILE_DIM, kt::col_l>;
@@ -231,8 +234,8 @@ __device__ __forceinline__ void phase1_strips(typename C::Tables& tab, Buf (&buf
             cmul_pair<false>(v_re, acc.im.tiles[0][0].data[k], complex_product(make_float2(v.x, v.y), c),
                              complex_product(make_float2(v.z, v.w), c));
         });
-        store_to<T>(acc.re, [&](int row, int col) { return re + Buf::offset(s * kt::TILE_DIM + row, p, col); });
-        store_to<T>(acc.im, [&](int row, int col) { return im + Buf::offset(s * kt::TILE_DIM + row, p, col); });
+        store_frequency_tile<C>(acc.re, [&](int row, int col) { return re + Buf::offset(s * kt::TILE_DIM + row, p, col); });
+        store_frequency_tile<C>(acc.im, [&](int row, int col) { return im + Buf::offset(s * kt::TILE_DIM + row, p, col); });
     }
 }
 
@@ -368,8 +371,8 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
                 apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen,
                                [&](int row, int col) { return row * PQ + Q * p + col; });
             __syncwarp();  // every lane's reads of the column are done before it is overwritten
-            store_to<T>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
-            store_to<T>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
+            store_frequency_tile<C>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
+            store_frequency_tile<C>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
             __syncwarp();
             store_column<HALF>(out, a.seqlen, s.buf, p);
             __syncwarp();  // the column is read out before the next input lands in it
