@@ -242,6 +242,16 @@ def correlation_reference(u, k, pregate=None, postgate=None):
     return y if postgate is None else y * postgate.double()
 
 
+def assert_correlation_close(y, u, k, pregate=None, postgate=None):
+    """assert_close's rule against the float64 correlation."""
+    assert torch.isfinite(y).all(), "output has NaN/inf"
+    ref = correlation_reference(u, k, pregate, postgate)
+    err = y.double() - ref
+    eps = EPS[u.dtype]
+    assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
+    assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
+
+
 @pytest.mark.parametrize("gates", ["none", "both"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("n", KERNEL_LENGTHS)
@@ -254,12 +264,7 @@ def test_conjugate_spectrum_is_the_correlation(n, dtype, gates):
     del poison
     y = torch.ops.tk.fftconv_fwd_sm80(u, spectrum, pre, post, 2 * n, True)
     assert y.data_ptr() == address
-    ref = correlation_reference(u, k, pre, post)
-    assert torch.isfinite(y).all()
-    err = y.double() - ref
-    eps = EPS[dtype]
-    assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
-    assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
+    assert_correlation_close(y, u, k, pre, post)
 
 
 # ---- a smaller GPU's configurations, run here --------------------------------------------------
@@ -281,15 +286,7 @@ def test_full_layout_matches_reference(monkeypatch, n, dtype, gates, conjugate):
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
     monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "0")
     y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n, conjugate)
-    if conjugate:
-        ref = correlation_reference(u, k, pre, post)
-        err = y.double() - ref
-        eps = EPS[dtype]
-        assert torch.isfinite(y).all()
-        assert err.norm().item() <= REL_FACTOR * eps * ref.norm().item()
-        assert err.abs().max().item() <= MAX_FACTOR * eps * ref.abs().max().item()
-    else:
-        assert_close(y, u, k, pre, post)
+    (assert_correlation_close if conjugate else assert_close)(y, u, k, pre, post)
 
 
 @pytest.mark.parametrize("n", FOLDED_LENGTHS)
@@ -448,14 +445,7 @@ def test_sm90_matches_reference(sm90_op, n, dtype, gates, conjugate):
     spectrum = torch.ops.tk.fftconv_filter_spectrum(k, 2 * n)
     y = call_on_poisoned_memory(u, spectrum, pre, post, 2 * n, conjugate, op=sm90_op)
     assert y.is_contiguous()
-    if conjugate:
-        expected = correlation_reference(u, k, pre, post)
-        eps = EPS[dtype]
-        assert torch.isfinite(y).all()
-        assert (y.double() - expected).norm() <= REL_FACTOR * eps * expected.norm()
-        assert (y.double() - expected).abs().max() <= MAX_FACTOR * eps * expected.abs().max()
-    else:
-        assert_close(y, u, k, pre, post)
+    (assert_correlation_close if conjugate else assert_close)(y, u, k, pre, post)
 
 
 @pytest.mark.parametrize("n", [8, 1000, 1032, 2040, 2056, 3000, 4088])
