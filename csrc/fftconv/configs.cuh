@@ -25,6 +25,7 @@ auto with_config(int fft_size, bool pregate, int shared_per_block, F&& f) {
     // L = 4096, an A100 at 8192) the full layout, one block of 16 warps.
     using Folded4096 = ThreeFactor<T, 16, 8, true>;
     using Folded8192 = ThreeFactor<T, 32, 16, true>;
+    static_assert(two_blocks_fit<Folded4096>(kSharedPerSm90));
     switch (fft_size) {
         case 512: return f(TwoFactor<T, 32, 16, 1>{});
         case 1024: return f(TwoFactor<T, 32, 32, 2>{});
