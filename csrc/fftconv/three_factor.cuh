@@ -51,9 +51,8 @@ concept folds_twiddles = C::FOLDED;
 // F1 alone and phase 2 multiplies each element three times (T2, the spectrum, T2*), where
 // unfolded T1 and T1* take two complex multiplies per element each (the twiddle formed from its
 // two table factors, then applied); each matrix entry is one exact angle rounded once, like
-// F_16's. The
-// folded forward also keeps the filter's spectrum tiles 0 .. R/2 only (the others read mirrored,
-// stored_tile_value). Unfolded, the full layout: every spectrum tile, T1's two factors from fp32
+// F_16's. The folded forward also keeps the filter's spectrum tiles 0 .. R/2 only (the others
+// read mirrored, stored_tile_value). Unfolded, the full layout: every spectrum tile, T1's two factors from fp32
 // tables, for the filter gradients and for a GPU whose blocks cannot hold the folded tables
 // (configs.cuh).
 template <typename T, int R_, int WARPS_ = 16, bool FOLDED_ = false>
@@ -82,8 +81,6 @@ struct ThreeFactor {
         kt::st<T, R, XR> fr[2];     // F_R[:, :R/2] / sqrt(R) (re, im), zero columns >= R/2
         float4 twiddle2[PQ / 2];    // w_256^(k_p q), fragment order of a 16 x 16 tile
         kt::st<T, R * kt::TILE_DIM, kt::TILE_DIM> f2[2], f3[2];  // M_k_r and N_k_r (re, im) at rows 16 k_r
-        __device__ auto f2_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f2[part], kr, 0); }
-        __device__ auto f3_tile(int kr, int part) { return kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(f3[part], kr, 0); }
     };
     struct FullTables {
         kt::st<T, R, XR> fr[2];
@@ -158,23 +155,23 @@ __device__ __forceinline__ void init_tables(typename C::Tables& tab, int thread)
         *tab.fr[1].ptr(row, col) = kt::convert<T>(col < HALF ? w.y * r_scale : 0.f);
     }
     if constexpr (requires { tab.twiddle_p; }) {
-        for (int e = thread; e < R * C::P; e += C::THREADS) tab.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
+        for (int e = thread; e < R * C::P; e += C::THREADS)
+            tab.twiddle_p[e] = unit_root(Q * (e / C::P) * (e % C::P), L);
     } else {
-        // M_k_r[k_p, p] = w_16^(k_p p) w_L^(16 k_r p) / 4 = w_L^((L / 16 k_p + 16 k_r) p) / 4: one
-        // exact angle, one rounding to 16 bits.
-        for (int e = thread; e < R * PQ; e += C::THREADS) {
-            const int kr = e / PQ, kp = (e / C::P) % C::P, p = e % C::P;
-            const float2 w = unit_root(((L / 16) * kp + 16 * kr) * p, L);
-            *tab.f2[0].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.x * 0.25f);
-            *tab.f2[1].ptr(kt::TILE_DIM * kr + kp, p) = kt::convert<T>(w.y * 0.25f);
-        }
+        // Entry (row, col) of tile k_r is w_L^(angle(k_r, row, col)) / 4: one exact angle, one
+        // rounding to 16 bits.
+        auto fill = [&](auto (&table)[2], auto&& angle) {
+            for (int e = thread; e < R * PQ; e += C::THREADS) {
+                const int kr = e / PQ, row = (e / kt::TILE_DIM) % kt::TILE_DIM, col = e % kt::TILE_DIM;
+                const float2 w = unit_root(angle(kr, row, col), L);
+                *table[0].ptr(kt::TILE_DIM * kr + row, col) = kt::convert<T>(w.x * 0.25f);
+                *table[1].ptr(kt::TILE_DIM * kr + row, col) = kt::convert<T>(w.y * 0.25f);
+            }
+        };
+        // M_k_r[k_p, p] = w_16^(k_p p) w_L^(16 k_r p) / 4 = w_L^((L / 16 k_p + 16 k_r) p) / 4.
+        fill(tab.f2, [](int kr, int kp, int p) { return ((L / 16) * kp + 16 * kr) * p; });
         // N_k_r[q, k_q] = w_L^(k_r q) w_16^(q k_q) / 4 = w_L^((k_r + L / 16 k_q) q) / 4.
-        for (int e = thread; e < R * PQ; e += C::THREADS) {
-            const int kr = e / PQ, q = (e / C::Q) % C::Q, kq = e % C::Q;
-            const float2 w = unit_root((kr + (L / 16) * kq) * q, L);
-            *tab.f3[0].ptr(kt::TILE_DIM * kr + q, kq) = kt::convert<T>(w.x * 0.25f);
-            *tab.f3[1].ptr(kt::TILE_DIM * kr + q, kq) = kt::convert<T>(w.y * 0.25f);
-        }
+        fill(tab.f3, [](int kr, int q, int kq) { return (kr + (L / 16) * kq) * q; });
     }
 }
 
@@ -229,6 +226,16 @@ __device__ __forceinline__ void store_frequency_tile(const RT& src, Addr&& addr)
     else store_tile_to<typename C::dtype>(src, addr);
 }
 
+// Tile k_r (rows 16 k_r ..) of a folded configuration's per-k_r matrix table (f2 or f3, re and
+// im) as a register tile of RT's layout, its registers in the order of the mma operand USE.
+template <typename RT, kt::mma_operand USE = kt::natural_operand<RT>, typename ST>
+__device__ __forceinline__ complex_tile<RT> matrix_tile(ST (&table)[2], int kr) {
+    complex_tile<RT> t;
+    kt::load<USE>(t.re, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(table[0], kr, 0));
+    kt::load<USE>(t.im, kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(table[1], kr, 0));
+    return t;
+}
+
 // Phase 1 for columns (p, *): F1 and T1 of the pair's sequence x (re, im) into buf.
 template <typename C>
 __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_tile (&x)[2],
@@ -281,10 +288,7 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     kt::zero(acc.re);
     kt::zero(acc.im);
     if constexpr (folds_twiddles<C>) {
-        complex_tile<sub16> m;  // M_k_r: F_16 with T1's p part
-        kt::load(m.re, tab.f2_tile(slot, 0));
-        kt::load(m.im, tab.f2_tile(slot, 1));
-        cmma(acc, m, yb, yb_neg);  // F2 and T1's p part: rows k_p, cols q
+        cmma(acc, matrix_tile<sub16>(tab.f2, slot), yb, yb_neg);  // F2 and T1's p part (M_k_r): rows k_p, cols q
     } else {
         cmma(acc, f16.a, yb, yb_neg);  // F2: rows k_p, cols q
     }
@@ -297,10 +301,8 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     kt::zero(acc.re);
     kt::zero(acc.im);
     if constexpr (folds_twiddles<C>) {
-        complex_tile<sub16_b> n;  // N_k_r: F_16 with T1's q part
-        kt::load(n.re, tab.f3_tile(slot, 0));
-        kt::load(n.im, tab.f3_tile(slot, 1));
-        cmma_neg_a(acc, z, z_neg, n);  // F3 and T1's q part: rows k_p, cols k_q
+        // F3 and T1's q part (N_k_r): rows k_p, cols k_q
+        cmma_neg_a(acc, z, z_neg, matrix_tile<sub16_b>(tab.f3, slot));
     } else {
         cmma_neg_a(acc, z, z_neg, f16.b);  // F3: rows k_p, cols k_q
     }
@@ -336,10 +338,8 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     if constexpr (folds_twiddles<C>) {
         // G3 and T1*'s q part (which commutes with T2*): conj(N_k_r^T), N_k_r loaded as a row-layout
         // tile (its registers in B^T's order) and renamed as the col-layout tile of its transpose.
-        complex_tile<sub16> n;
+        const complex_tile<sub16> n = matrix_tile<sub16, kt::mma_operand::b>(tab.f3, kr);
         complex_tile<sub16_b> nt;
-        kt::load<kt::mma_operand::b>(n.re, tab.f3_tile(kr, 0));
-        kt::load<kt::mma_operand::b>(n.im, tab.f3_tile(kr, 1));
         kt::transpose_sep(nt.re, n.re);
         kt::transpose_sep(nt.im, n.im);
         cmma_conj_b(acc, z, z_neg, nt);  // rows k_p, cols q
@@ -359,10 +359,7 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     kt::zero(acc.im);
     if constexpr (folds_twiddles<C>) {
         // G2 and T1*'s p part: conj(M_k_r^T), M_k_r loaded transposed (a col-layout A operand).
-        complex_tile<sub16_b> mt;
-        kt::load<kt::mma_operand::a>(mt.re, tab.f2_tile(kr, 0));
-        kt::load<kt::mma_operand::a>(mt.im, tab.f2_tile(kr, 1));
-        cmma_conj_a(acc, mt, vb, vb_neg);  // rows p, cols q
+        cmma_conj_a(acc, matrix_tile<sub16_b, kt::mma_operand::a>(tab.f2, kr), vb, vb_neg);  // rows p, cols q
     } else {
         cmma_conj_a(acc, f16.a, vb, vb_neg);  // G2: rows p, cols q
         kt::for_each_pair(acc.re, [&](int, int, int k, float2& re) {  // T1*: conj w_L^(k_r (q + 16 p))
@@ -396,9 +393,9 @@ __device__ __forceinline__ void phase3(complex_tile<typename C::column_acc>& acc
     negate(ub_neg, ub.re);
     complex_tile<kt::rt<T, R, XR, kt::col_l>> g1;  // K = k_r, M = r
     if constexpr (folds_twiddles<C>) {
-        // Registers in mma's A order: no moves before the products (the folded forward's loop
-        // lost 40 instructions). The filter gradient's (R = 16) measured 3% slower with it, from
-        // its schedule; it keeps the plain load.
+        // Registers in mma's A order: no moves before the products. The unfolded kernels keep the
+        // plain load: the R = 16 filter gradient measured slower with this one (its schedule
+        // moved; docs/performance.md).
         kt::load<kt::mma_operand::a>(g1.re, tab.fr[0]);
         kt::load<kt::mma_operand::a>(g1.im, tab.fr[1]);
     } else {
