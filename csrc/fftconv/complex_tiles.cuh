@@ -261,14 +261,18 @@ struct sequence_chunks {
 };
 
 // cp.async the sequence into `tile`; elements at or past `valid`, or all of them when seq is
-// nullptr, land as zeros. `fallback` is any valid global address (never read).
+// nullptr, land as zeros. `fallback` is any valid global address (never read). The pointer and
+// length checks are made once per sequence, so a chunk costs one compare and one select.
 template <int THREADS, int ELEMS, typename ST>
 __device__ __forceinline__ void load_sequence_async(ST& tile, const typename ST::dtype* seq, int valid,
                                                     const void* fallback, int thread) {
+    using T = typename ST::dtype;
+    const uint32_t length = seq != nullptr ? uint32_t(valid) : 0u;
+    const T* source = seq != nullptr ? seq : static_cast<const T*>(fallback);
     sequence_chunks<ST, ELEMS>::template for_mine<THREADS>(thread, [&](int e, int row, int col) {
-        const bool in = seq != nullptr && e < valid;
+        const bool in = uint32_t(e) < length;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tile.address(row, col)),
-                     "l"(in ? static_cast<const void*>(seq + e) : fallback), "r"(in ? 16 : 0)
+                     "l"(source + (in ? uint32_t(e) : 0u)), "r"(in ? 16 : 0)
                      : "memory");
     });
 }

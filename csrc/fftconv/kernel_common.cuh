@@ -40,7 +40,8 @@ struct Args {
     template <typename P>
     __device__ __forceinline__ Pair<P> pair_of(P* base, int64_t stride_b, int64_t stride_h, int pair, int h) const {
         if (base == nullptr) return {{nullptr, nullptr}};  // no such tensor (a gate not given)
-        P* first = base + (int64_t(2 * pair) * stride_b + int64_t(h) * stride_h);
+        // Unsigned widening of the (non-negative) indices: no sign extensions per task.
+        P* first = base + (int64_t(uint32_t(2 * pair)) * stride_b + int64_t(uint32_t(h)) * stride_h);
         return {{first, 2 * pair + 1 < batch ? first + stride_b : nullptr}};
     }
 };
@@ -55,6 +56,18 @@ __device__ __forceinline__ Tasks tasks_of(const Args<T>& a) {
     const int first = blockIdx.x * a.tasks_per_block;
     return {first, min(first + a.tasks_per_block, a.tasks)};
 }
+
+// Task t's head (h = t / pairs) and pair (t % pairs), stepped from one task to the next: a
+// division by the run-time pair count costs about 20 instructions, once per task.
+struct task_position {
+    int h, pair;
+    __device__ __forceinline__ task_position(int t, int pairs) : h(t / pairs), pair(t - t / pairs * pairs) {}
+    __device__ __forceinline__ task_position next(int pairs) const {
+        task_position n = *this;
+        if (++n.pair == pairs) n.pair = 0, n.h++;
+        return n;
+    }
+};
 
 // Carves the dynamic shared memory into 1024-byte aligned objects. Offsets are added to the
 // __shared__ array itself, never through an integer, so the compiler sees that every pointer
@@ -102,8 +115,9 @@ __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool
 // cp.async of task t's pair of input sequences into x[0] (re), x[1] (im), and of its pregate's
 // into pre[0], pre[1] when pre is given (nullptr: no pregate): a forward kernel's stage loads.
 template <int THREADS, int ELEMS, typename ST, typename T>
-__device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, const Args<T>& a, int t, int thread) {
-    const int h = t / a.pairs, pair = t - h * a.pairs;
+__device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, const Args<T>& a, task_position task,
+                                                       int thread) {
+    const int h = task.h, pair = task.pair;
     const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
     for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], u.seq[j], a.seqlen, a.u, thread);
     if (pre != nullptr) {

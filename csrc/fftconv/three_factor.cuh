@@ -492,10 +492,10 @@ struct spectrum_slot {
     float4* values;
     bool pending;  // a gather in flight, its signs not fixed
 
-    // Call after committing the first task's input.
-    __device__ __forceinline__ spectrum_slot(float4* slot, const Args<T>& a, int first_task, int thread)
+    // Call after committing the first task's input (of head h).
+    __device__ __forceinline__ spectrum_slot(float4* slot, const Args<T>& a, int h, int thread)
         : values(slot), pending(true) {
-        gather_spectrum_async<C, T, COUNT>(values, a, first_task / a.pairs, thread);
+        gather_spectrum_async<C, T, COUNT>(values, a, h, thread);
         kt::cp_async_commit();
     }
     // This thread's loads of the current task's input have landed (the spectrum may still land).
@@ -511,11 +511,12 @@ struct spectrum_slot {
         fix_spectrum_signs<C, COUNT>(values, a.conjugate, thread);
         pending = false;
     }
-    // After the barrier that ends task t's phase 2 (of head h): the next head's spectrum, where
-    // task t + 1 starts one.
-    __device__ __forceinline__ void refill_after(const Args<T>& a, const Tasks& tasks, int t, int h, int thread) {
-        if (t + 1 < tasks.last && (t + 1) % a.pairs == 0) {
-            gather_spectrum_async<C, T, COUNT>(values, a, h + 1, thread);
+    // After the barrier that ends task t's phase 2: the next head's spectrum, where task t + 1
+    // starts one.
+    __device__ __forceinline__ void refill_after(const Args<T>& a, const Tasks& tasks, int t, task_position task,
+                                                 int thread) {
+        if (t + 1 < tasks.last && task.pair + 1 == a.pairs) {
+            gather_spectrum_async<C, T, COUNT>(values, a, task.h + 1, thread);
             kt::cp_async_commit();
             pending = true;
         }
@@ -546,12 +547,13 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    auto issue_loads = [&](int t, int stage) {
-        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
+    auto issue_loads = [&](task_position task, int stage) {
+        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, task, thread);
     };
-    issue_loads(tasks.first, 0);
+    task_position task(tasks.first, a.pairs);
+    issue_loads(task, 0);
     kt::cp_async_commit();
-    spectrum_slot<C, T> spectrum(s.spectrum, a, tasks.first, thread);
+    spectrum_slot<C, T> spectrum(s.spectrum, a, task.h, thread);
 
     for (int i = 0; i < C::STAGES; i++) {
         zero_padding_rows<C>(s.stage[i].x[0], thread);
@@ -559,8 +561,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     }
     init_tables<C>(s.tab, thread);
     const F16<C> f16;
-    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++, task = task.next(a.pairs)) {
+        const int h = task.h, pair = task.pair;
         auto& st = s.stage[i % C::STAGES];
         spectrum.wait_for_input();
         if (pre != nullptr) {
@@ -568,7 +570,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             apply_gate<THREADS, N>(st.x[1], (*pre)[i % C::STAGES][1], thread);
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
-        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
+        if (t + 1 < tasks.last) issue_loads(task.next(a.pairs), (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
         for_each_column<C>(warp, [&](int p) { phase1<C>(s.tab, st.x, s.buf, p); });
@@ -593,7 +595,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
         }
         __syncthreads();
-        spectrum.refill_after(a, tasks, t, h, thread);
+        spectrum.refill_after(a, tasks, t, task, thread);
 
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
         const Pair<T> out = a.pair_of(a.y, a.y_stride_b, a.y_stride_h, pair, h);

@@ -284,20 +284,21 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    auto issue_loads = [&](int t, int stage) {
-        load_task_inputs_async<THREADS, N>(s.x[stage], pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
+    auto issue_loads = [&](task_position task, int stage) {
+        load_task_inputs_async<THREADS, N>(s.x[stage], pre != nullptr ? (*pre)[stage] : nullptr, a, task, thread);
     };
-    issue_loads(tasks.first, 0);
+    task_position task(tasks.first, a.pairs);
+    issue_loads(task, 0);
     kt::cp_async_commit();
-    spectrum_slot<C, T> spectrum(s.spectrum, a, tasks.first, thread);
+    spectrum_slot<C, T> spectrum(s.spectrum, a, task.h, thread);
     for (int i = 0; i < C::STAGES; i++) {
         zero_padding_rows<C>(s.x[i][0], thread);
         zero_padding_rows<C>(s.x[i][1], thread);
     }
     init_wgmma_tables<C>(s.tab, thread);
 
-    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++, task = task.next(a.pairs)) {
+        const int h = task.h, pair = task.pair;
         auto& x = s.x[i % C::STAGES];
         spectrum.wait_for_input();
         if (pre != nullptr) {
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
         }
         kt::fence_async_proxy();  // the input (and the tables), before wgmma reads them
         __syncthreads();          // task t's input visible; every warp is done with task t - 1
-        if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
+        if (t + 1 < tasks.last) issue_loads(task.next(a.pairs), (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
         for (int v = group; v < C::VIEWS; v += WARPGROUPS) wgmma_phase1<C>(s.tab, x, s.y, v, 4 * v + warp % 4);
@@ -317,7 +318,7 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
         wgmma_phase2<C>(s.tab, s.y, s.u, s.spectrum, group);
         kt::fence_async_proxy();
         __syncthreads();  // u complete
-        spectrum.refill_after(a, tasks, t, h, thread);
+        spectrum.refill_after(a, tasks, t, task, thread);
 
         // Phase 3: G1 for this warp's p, the postgate, and out through x (rows r, columns (p, q)).
         const Pair<const T> post = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);

@@ -191,14 +191,16 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    // Task t's inputs into stage `stage`.
-    auto issue_loads = [&](int t, int stage) {
-        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, t, thread);
+    // The next task's inputs into stage `stage`.
+    task_position loading(tasks.first, a.pairs);
+    auto issue_loads = [&](int stage) {
+        load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, loading, thread);
+        loading = loading.next(a.pairs);
     };
-    load_spectrum_async<THREADS, L>(s.spectrum, a, tasks.first / a.pairs, thread);  // with the first task's group
+    load_spectrum_async<THREADS, L>(s.spectrum, a, loading.h, thread);  // with the first task's group
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
-        if (tasks.first + i < tasks.last) issue_loads(tasks.first + i, i);
+        if (tasks.first + i < tasks.last) issue_loads(i);
         kt::cp_async_commit();
     }
     init_matrices<C>(s.m, thread);
@@ -219,8 +221,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     int spectrum_head = -1;       // whose spectrum the registers hold
     bool next_pending = false;    // the slot's next-head load is in flight
     int groups_since_next = 0;    // cp.async groups committed after that load
-    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
+    task_position task(tasks.first, a.pairs);
+    for (int i = 0, t = tasks.first; t < tasks.last; i++, t++, task = task.next(a.pairs)) {
+        const int h = task.h, pair = task.pair;
         const bool new_head = h != spectrum_head;
         auto& st = s.stage[i % STAGES];
         // Task t's input (and, at a new head, the slot's load, which may be among the last
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             apply_gate<THREADS, N>(st.x[1], (*pre)[i % STAGES][1], thread);
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
-        if (t + STAGES - 1 < tasks.last) issue_loads(t + STAGES - 1, (i + STAGES - 1) % STAGES);
+        if (t + STAGES - 1 < tasks.last) issue_loads((i + STAGES - 1) % STAGES);
         kt::cp_async_commit();
         groups_since_next++;
         if (new_head) {  // K[k_r + R k_q] at (row k_r, column k_q) of the strips
