@@ -297,17 +297,21 @@ __device__ __forceinline__ void apply_gate(ST& x, const ST& gate, int thread) {
 
 // One warp stores rows [row0, row0 + ROWS) x columns [col0, col0 + COLS) of `tile` to the
 // sequence (element row * ST::cols + col), 16-byte chunks, skipping elements at or past `valid`.
+// Lanes take 8 consecutive rows at one chunk, then the next chunk: a quarter warp's 16-byte reads
+// then fall in 8 distinct bank groups of a swizzled tile (chunk XOR row % 8); in row-major order
+// two rows' chunk pairs share their groups, which doubles the reads' wavefronts.
 template <int ROWS, int COLS, typename ST>
 __device__ __forceinline__ void warp_store_sequence(typename ST::dtype* seq, int valid, const ST& tile, int row0,
                                                     int col0) {
     constexpr int per_chunk = 16 / int(sizeof(typename ST::dtype));
     constexpr int chunks_per_row = COLS / per_chunk, chunks = ROWS * chunks_per_row;
-    static_assert(COLS % per_chunk == 0);
+    static_assert(COLS % per_chunk == 0 && ROWS % 8 == 0);
 #pragma unroll
     for (int i = 0; i < (chunks + kt::WARP_THREADS - 1) / kt::WARP_THREADS; i++) {
         const uint32_t c = uint32_t(kt::lane_id() + i * kt::WARP_THREADS);
         if (chunks % kt::WARP_THREADS != 0 && c >= uint32_t(chunks)) break;
-        const int row = row0 + int(c / chunks_per_row), col = col0 + int(c % chunks_per_row) * per_chunk;
+        const int row = row0 + int(c % 8 + c / (8 * chunks_per_row) * 8);
+        const int col = col0 + int(c / 8 % chunks_per_row) * per_chunk;
         const uint32_t e = uint32_t(row * ST::cols + col);  // unsigned: no 64-bit sign extension to keep live
         if (e < uint32_t(valid)) *reinterpret_cast<uint4*>(seq + e) = *reinterpret_cast<const uint4*>(tile.ptr(row, col));
     }

@@ -226,6 +226,17 @@ __device__ __forceinline__ void store_frequency_tile(const RT& src, Addr&& addr)
     else store_tile_to<typename C::dtype>(src, addr);
 }
 
+// T2's twiddles w_256^(k_p q) at this lane's fragment of a 16 x 16 tile, the same for every k_r:
+// read once for a tile's T2 and T2* (or once for all of a warp's tiles) rather than per use.
+struct twiddle2_fragment {
+    float4 v[4];
+    __device__ __forceinline__ explicit twiddle2_fragment(const float4* table) {
+        const int lane = kt::lane_id();
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = table[k * kt::WARP_THREADS + lane];
+    }
+};
+
 // Tile k_r (rows 16 k_r ..) of a folded configuration's per-k_r matrix table (f2 or f3, re and
 // im) as a register tile of RT's layout, its registers in the order of the mma operand USE.
 template <typename RT, kt::mma_operand USE = kt::natural_operand<RT>, typename ST>
@@ -276,7 +287,8 @@ __device__ __forceinline__ void phase1(typename C::Tables& tab, typename C::seq_
 // folded configuration).
 template <typename C, typename Buf>
 __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& acc, const F16<C>& f16,
-                                             typename C::Tables& tab, Buf (&buf)[2], int slot) {
+                                             typename C::Tables& tab, Buf (&buf)[2], int slot,
+                                             const twiddle2_fragment& t2) {
     using sub16 = typename C::sub16;
     using sub16_b = typename C::sub16_b;
     const uint32_t re = buf[0].base(), im = buf[1].base();
@@ -292,7 +304,7 @@ __device__ __forceinline__ void tile_forward(complex_tile<typename C::acc16>& ac
     } else {
         cmma(acc, f16.a, yb, yb_neg);  // F2: rows k_p, cols q
     }
-    cmul_fragments(acc, tab.twiddle2);  // T2
+    cmul_values(acc, [&](int, int k) { return t2.v[k]; });  // T2
     complex_tile<sub16> z;
     sub16 z_neg;
     kt::copy(z.re, acc.re);
@@ -325,7 +337,8 @@ __device__ __forceinline__ float4 twiddle_at(const typename C::Tables& tab, int 
 // G2, T1*. The tile is overwritten in place: the caller's warp read it (tile_forward) in this phase.
 template <typename C, typename Buf>
 __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub16>& z, const F16<C>& f16,
-                                             typename C::Tables& tab, Buf (&buf)[2], int kr, int slot) {
+                                             typename C::Tables& tab, Buf (&buf)[2], int kr, int slot,
+                                             const twiddle2_fragment& t2) {
     using T = typename C::dtype;
     using sub16 = typename C::sub16;
     using sub16_b = typename C::sub16_b;
@@ -346,7 +359,7 @@ __device__ __forceinline__ void tile_inverse(const complex_tile<typename C::sub1
     } else {
         cmma_conj_b(acc, z, z_neg, f16.b);  // G3: rows k_p, cols q
     }
-    cmul_fragments<true>(acc, tab.twiddle2);  // T2*
+    cmul_values<true>(acc, [&](int, int k) { return t2.v[k]; });  // T2*
     complex_tile<sub16> v;
     kt::copy(v.re, acc.re);
     kt::copy(v.im, acc.im);
@@ -561,6 +574,10 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     }
     init_tables<C>(s.tab, thread);
     const F16<C> f16;
+    __syncthreads();  // the tables
+    // T2's twiddles, held through the task loop where T1 is folded; the full layout, which holds
+    // F16 instead, spills with them and reads them per tile.
+    const twiddle2_fragment t2_held(s.tab.twiddle2);
     for (int i = 0, t = tasks.first; t < tasks.last; i++, t++, task = task.next(a.pairs)) {
         const int h = task.h, pair = task.pair;
         auto& st = s.stage[i % C::STAGES];
@@ -581,7 +598,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
         for (int j = 0; j < C::KR_PER_WARP; j++) {
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> acc;
-            tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+            const twiddle2_fragment t2 = FOLDED ? t2_held : twiddle2_fragment(s.tab.twiddle2);
+            tile_forward<C>(acc, f16, s.tab, s.buf, kr, t2);
             if constexpr (FOLDED) {  // times the filter's spectrum
                 cmul_values(acc, [&](int, int k) {
                     return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
@@ -592,7 +610,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
-            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
+            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr, t2);
         }
         __syncthreads();
         spectrum.refill_after(a, tasks, t, task, thread);
@@ -677,8 +695,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         for (int j = 0; j < KR_PER_WARP; j++) {
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> spectrum_u, spectrum_d;
-            tile_forward<C>(spectrum_u, f16, s.tab, s.bu, kr);
-            tile_forward<C>(spectrum_d, f16, s.tab, s.bd, kr);
+            const twiddle2_fragment t2(s.tab.twiddle2);
+            tile_forward<C>(spectrum_u, f16, s.tab, s.bu, kr, t2);
+            tile_forward<C>(spectrum_d, f16, s.tab, s.bd, kr, t2);
             cmac_conj(sum[j], spectrum_d, spectrum_u);
         }
         if (t + 1 < tasks.last && (t + 1) % a.pairs != 0) continue;
@@ -692,7 +711,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         for (int j = 0; j < KR_PER_WARP; j++) {
             complex_tile<typename C::sub16> z;
             scaled_copy(z, sum[j], scale);
-            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j, warp + WARPS * j);
+            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j, warp + WARPS * j, twiddle2_fragment(s.tab.twiddle2));
             kt::zero(sum[j].re);
             kt::zero(sum[j].im);
         }

@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
             const int kr = warp + WARPS * j;
             complex_tile<typename C::acc16> acc;
             if constexpr (C::SPECTRUM_IN_SHARED) {  // times the filter's spectrum
-                tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+                tile_forward<C>(acc, f16, s.tab, s.buf, kr, twiddle2_fragment(s.tab.twiddle2));
                 cmul_values(acc, [&](int, int k) {
                     return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
                 });
@@ -342,13 +342,13 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
                 float4 k_values[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) k_values[k] = stored_tile_value<C>(kr, k, [&](int i) { return __ldg(head + i); });
-                tile_forward<C>(acc, f16, s.tab, s.buf, kr);
+                tile_forward<C>(acc, f16, s.tab, s.buf, kr, twiddle2_fragment(s.tab.twiddle2));
                 cmul_values(acc, [&](int, int k) { return k_values[k]; });
             }
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);
             kt::copy(z.im, acc.im);
-            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr);
+            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr, twiddle2_fragment(s.tab.twiddle2));
         }
         __syncthreads();  // every tile back in the buffer; the spectrum free
         if constexpr (C::SPECTRUM_IN_SHARED) {
@@ -434,8 +434,9 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
         for (int j = 0; j < KR_PER_WARP; j++) {
             const int slot = warp + WARPS * j;
             complex_tile<typename C::acc16> spectrum_u, spectrum_d;
-            tile_forward<C>(spectrum_u, f16, s.tab, s.bu, slot);
-            tile_forward<C>(spectrum_d, f16, s.tab, s.bd, slot);
+            const twiddle2_fragment t2(s.tab.twiddle2);
+            tile_forward<C>(spectrum_u, f16, s.tab, s.bu, slot, t2);
+            tile_forward<C>(spectrum_d, f16, s.tab, s.bd, slot, t2);
             cmac_conj(sum[j], spectrum_d, spectrum_u);
         }
         if (t + 1 < tasks.last && (t + 1) % a.pairs != 0) {
@@ -454,7 +455,7 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
             const int slot = warp + WARPS * j;
             complex_tile<typename C::sub16> z;
             scaled_copy(z, sum[j], scale);
-            tile_inverse<C>(z, f16, s.tab, s.bu, part * PART_ROWS + slot, slot);
+            tile_inverse<C>(z, f16, s.tab, s.bu, part * PART_ROWS + slot, slot, twiddle2_fragment(s.tab.twiddle2));
             kt::zero(sum[j].re);
             kt::zero(sum[j].im);
         }
