@@ -309,6 +309,8 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
     __syncthreads();  // the tables
 
     for (int t = tasks.first; t < tasks.last; t++) {
+        // Divided out of t rather than stepped (task_position): held through this loop, a position
+        // spills (R = 128).
         const int h = t / a.pairs, pair = t - h * a.pairs;
         // In flight: this thread's chunks of task t's input, and the spectrum if the head changed.
         kt::cp_async_wait<0>();
