@@ -64,7 +64,10 @@ struct task_position {
     __device__ __forceinline__ task_position(int t, int pairs) : h(t / pairs), pair(t - t / pairs * pairs) {}
     __device__ __forceinline__ task_position next(int pairs) const {
         task_position n = *this;
-        if (++n.pair == pairs) n.pair = 0, n.h++;
+        if (++n.pair == pairs) {
+            n.pair = 0;
+            n.h++;
+        }
         return n;
     }
 };
