@@ -61,7 +61,7 @@ __device__ __forceinline__ Tasks tasks_of(const Args<T>& a) {
 // division by the run-time pair count costs about 20 instructions, once per task.
 struct task_position {
     int h, pair;
-    __device__ __forceinline__ task_position(int t, int pairs) : h(t / pairs), pair(t - t / pairs * pairs) {}
+    __device__ __forceinline__ task_position(int t, int pairs) : h(t / pairs), pair(t % pairs) {}
     __device__ __forceinline__ task_position next(int pairs) const {
         task_position n = *this;
         if (++n.pair == pairs) {
