@@ -21,6 +21,8 @@
 // computes. A block computes its DFT matrices and twiddles once; the filter's spectrum comes
 // through a shared-memory slot that is refilled when the head changes (at L = 32768, where it does
 // not fit, from global memory: arrange_spectrum lays it out in the op's workspace first).
+#include <limits>
+
 #include "fftconv/configs.cuh"
 
 namespace tk::fftconv {
@@ -50,10 +52,10 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
         Args<T> a = forward_args<T>(p);
         if constexpr (reads_arranged_spectrum<C>) {
             if (p.workspace == nullptr) return cudaErrorInvalidValue;
-            constexpr int threads = 256;
-            const int64_t values = int64_t(p.heads) * C::STORED;
-            arrange_spectrum<C><<<unsigned((values + threads - 1) / threads), threads, 0, stream>>>(
-                a.spectrum, static_cast<float2*>(p.workspace), p.conjugate, p.heads);
+            const int64_t blocks = int64_t(p.heads) * arrange_groups<C>;
+            if (blocks > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
+            arrange_spectrum<C><<<unsigned(blocks), C::PQ, 0, stream>>>(
+                a.spectrum, static_cast<float2*>(p.workspace), p.conjugate);
             if (cudaError_t e = cudaGetLastError()) return e;
             a.arranged_spectrum = static_cast<const float4*>(p.workspace);
         }

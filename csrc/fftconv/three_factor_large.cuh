@@ -180,17 +180,34 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
 
 // The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, each K[f] from
 // K[min(f, L - f)] with its sign fixed (conj above L/2, conj everywhere for the correlation):
-// `arranged` (heads, STORED) complex, for the kernels that read it from global memory. One
-// thread per value; a head's rfft row (L/2 + 1 values) is read while it sits in L2.
+// `arranged` (heads, STORED) complex, for the kernels that read it from global memory. A block
+// per head and group of ARRANGE_GROUP consecutive tiles, a thread per position in the tile: at
+// one position the group's frequencies are consecutive (f, f + 1, ...), so a thread's reads share
+// 32-byte sectors through L1 (a thread per value read a sector of its own for each 8 bytes). A
+// head's rfft row (L/2 + 1 values) is read while it sits in L2.
+inline constexpr int ARRANGE_GROUP = 4;
+
 template <typename C>
-__global__ void arrange_spectrum(const float2* __restrict__ spectrum, float2* __restrict__ arranged, bool conjugate,
-                                 int heads) {
-    constexpr int L = C::L, STORED = C::STORED;
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= int64_t(heads) * STORED) return;
-    const int64_t h = i / STORED;
-    const int f = spectrum_frequency<C>(int(i - h * STORED));
-    arranged[i] = spectrum_value<L>(spectrum + h * (L / 2 + 1), f, conjugate);
+inline constexpr int arrange_groups = (C::STORED_TILES + ARRANGE_GROUP - 1) / ARRANGE_GROUP;
+
+template <typename C>
+__global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restrict__ spectrum,
+                                                          float2* __restrict__ arranged, bool conjugate) {
+    constexpr int L = C::L, PQ = C::PQ, GROUPS = arrange_groups<C>;
+    const int h = int(blockIdx.x / GROUPS), first_tile = int(blockIdx.x % GROUPS) * ARRANGE_GROUP;
+    const float2* row = spectrum + int64_t(h) * (L / 2 + 1);
+    float2* out = arranged + int64_t(h) * C::STORED;
+    float2 v[ARRANGE_GROUP];
+#pragma unroll
+    for (int j = 0; j < ARRANGE_GROUP; j++) {
+        const int c = (first_tile + j) * PQ + int(threadIdx.x);
+        if (first_tile + j < C::STORED_TILES) v[j] = spectrum_value<L>(row, spectrum_frequency<C>(c), conjugate);
+    }
+#pragma unroll
+    for (int j = 0; j < ARRANGE_GROUP; j++) {
+        const int c = (first_tile + j) * PQ + int(threadIdx.x);
+        if (first_tile + j < C::STORED_TILES) out[c] = v[j];
+    }
 }
 
 // Phase 1 for column p: F1 and T1 of the input in rows r < R/2 of the column, for the k_r of
