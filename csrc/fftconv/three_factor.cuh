@@ -422,7 +422,7 @@ __device__ __forceinline__ void phase3(complex_tile<typename C::column_acc>& acc
 
 // The frequency at complex position c of the spectrum in phase 2's order: tile k_r at 256 k_r,
 // inside it the fragment order of a 16 x 16 row-layout tile (rows k_p, cols k_q), element
-// (8 rh + rl, 8 ch + 2 cm + e) at ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e, so cmul_fragments
+// (8 rh + rl, 8 ch + 2 cm + e) at ((ch * 2 + rh) * 32 + rl * 4 + cm) * 2 + e, so cmul_spectrum_tile
 // reads a tile as 16-byte chunks, 512 contiguous bytes per warp access.
 template <typename C>
 __host__ __device__ constexpr int spectrum_frequency(int c) {
@@ -442,50 +442,73 @@ constexpr bool spectrum_order_is_a_permutation() {
     return true;
 }
 
+// The spectrum slots hold K[min(f, L - f)] at each position f (conjugated for the correlation):
+// what a gather copies, with no pass over the slot to fix signs. A reader conjugates it where
+// f > L/2 (a real filter's K[f] = conj(K[L - f])): in phase 2's order that is register k >= 2 of
+// a lane's fragment (columns k_q >= 8); f = L/2 itself, also there, has a real K.
+__device__ __forceinline__ float4 spectrum_signs(float4 v, int k) {
+    return k >= 2 ? make_float4(v.x, -v.y, v.z, -v.w) : v;
+}
+
+// cmul_values by a spectrum tile in phase 2's fragment order (all of a configuration's tiles kept).
+template <typename RT>
+__device__ __forceinline__ void cmul_spectrum_tile(complex_tile<RT>& a, const float4* tile) {
+    const int lane = kt::lane_id();
+    cmul_values(a, [&](int i, int k) { return spectrum_signs(tile[(i * 4 + k) * kt::WARP_THREADS + lane], k); });
+}
+
 // K at spectrum tile kr for register k of this lane's fragment of a 16 x 16 accumulator: (re,
 // im, re, im) of its two columns. `load(i)` reads float4 i of the stored tiles 0 .. R/2 (phase
-// 2's order); a tile from R/2 on is the stored tile R - kr read backwards and conjugated (see
-// the top of three_factor_large.cuh; tile R/2 is its own mirror). With k_r = warp + WARPS j the
-// choice is then fixed for each j where the compiler knows warp < WARPS.
+// 2's order); a tile from R/2 on is the stored tile R - kr read backwards (see the top of
+// three_factor_large.cuh; tile R/2 is its own mirror), the same K[min(f, L - f)]. With
+// k_r = warp + WARPS j the choice is then fixed for each j where the compiler knows warp < WARPS.
 template <typename C, typename Load>
 __device__ __forceinline__ float4 stored_tile_value(int kr, int k, Load&& load) {
     const int lane = kt::lane_id();
-    if (kr < C::R / 2) return load((kr * 4 + k) * kt::WARP_THREADS + lane);
+    if (kr < C::R / 2) return spectrum_signs(load((kr * 4 + k) * kt::WARP_THREADS + lane), k);
     const float4 m = load(((C::R - kr) * 4 + 3 - k) * kt::WARP_THREADS + (kt::WARP_THREADS - 1 - lane));
-    return make_float4(m.z, -m.w, m.x, -m.y);  // columns c, c + 1
+    return spectrum_signs(make_float4(m.z, m.w, m.x, m.y), k);  // columns c, c + 1
 }
 
-// cp.async of head h's spectrum into `slot` in phase 2's order, each K[f] copied from
-// K[min(f, L - f)]: the imaginary parts above L/2 need their signs flipped after it lands
-// (fix_spectrum_signs), which cp.async cannot do. COUNT: the first COUNT positions (tiles
-// k_r < COUNT / 256) only.
+// f(c) for each spectrum position c < COUNT (phase 2's order) that this thread gathers: lanes
+// take 4 consecutive tiles (k_r .. k_r + 3, at f .. f + 3: one or two 32-byte sectors of K) at 8
+// consecutive positions of a tile, where lanes on consecutive positions of one tile read a sector
+// each for 8 bytes.
+template <typename C, int COUNT, typename F>
+__device__ __forceinline__ void for_gathered_positions(int thread, F&& f) {
+    constexpr int GROUP = 4, PQ = C::PQ, TILES = (COUNT + PQ - 1) / PQ;
+    constexpr int UNITS = (TILES + GROUP - 1) / GROUP * GROUP * PQ;
+    // Rolled: unrolled, the compiler hoists every iteration's offsets out of the task loop and
+    // the forwards spill.
+#pragma unroll 1
+    for (int i = 0; i < (UNITS + C::THREADS - 1) / C::THREADS; i++) {
+        const int unit = thread + i * C::THREADS;
+        const int c = (unit / (GROUP * PQ) * GROUP + unit % GROUP) * PQ + (unit / GROUP) % PQ;
+        if ((UNITS % C::THREADS == 0 || unit < UNITS) && (COUNT % (GROUP * PQ) == 0 || c < COUNT)) f(c);
+    }
+}
+
+// cp.async of head h's spectrum into `slot` in phase 2's order: K[min(f, L - f)] at each position
+// f (see spectrum_signs). COUNT: the first COUNT positions (tiles k_r < COUNT / 256) only.
 template <typename C, typename T, int COUNT = C::L>
 __device__ __forceinline__ void gather_spectrum_async(float4* slot, const Args<T>& a, int h, int thread) {
     constexpr int L = C::L;
     float2* dst = reinterpret_cast<float2*>(slot);
     const float2* src = a.spectrum + int64_t(h) * (L / 2 + 1);
-#pragma unroll
-    for (int i = 0; i < (COUNT + C::THREADS - 1) / C::THREADS; i++) {
-        const int c = thread + i * C::THREADS;
-        if (COUNT % C::THREADS != 0 && c >= COUNT) break;
+    for_gathered_positions<C, COUNT>(thread, [&](int c) {
         const int f = spectrum_frequency<C>(c);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(kt::shared_address(dst + c)),
                      "l"(src + (f > L / 2 ? L - f : f))
                      : "memory");
-    }
+    });
 }
 
-// After this thread's gather_spectrum_async landed: K[f] = conj(K[L - f]) above L/2 (a real
-// filter), and conj(K) everywhere for the correlation.
+// For the correlation, after this thread's gather_spectrum_async landed: conj(K) at the positions
+// it gathered.
 template <typename C, int COUNT = C::L>
-__device__ __forceinline__ void fix_spectrum_signs(float4* slot, bool conjugate, int thread) {
+__device__ __forceinline__ void conjugate_gathered(float4* slot, int thread) {
     float2* v = reinterpret_cast<float2*>(slot);
-#pragma unroll
-    for (int i = 0; i < (COUNT + C::THREADS - 1) / C::THREADS; i++) {
-        const int c = thread + i * C::THREADS;
-        if (COUNT % C::THREADS != 0 && c >= COUNT) break;
-        if ((spectrum_frequency<C>(c) > C::L / 2) != conjugate) v[c].y = -v[c].y;
-    }
+    for_gathered_positions<C, COUNT>(thread, [&](int c) { v[c].y = -v[c].y; });
 }
 
 // How many of the spectrum's positions a configuration keeps (the first ones, in phase 2's order).
@@ -496,14 +519,14 @@ constexpr int stored_positions() {
 }
 
 // A block's copy of the filter's spectrum through its tasks, in a shared-memory slot in phase 2's
-// order: gathered right after the first task's input, its signs fixed once it has landed, and
-// gathered again for the next head once every warp's last read of the slot for a head is done.
+// order: gathered right after the first task's input, conjugated for the correlation once it has
+// landed, and gathered again for the next head once every warp's last read of the slot for a head is done.
 // The cp.async groups in flight are [task t's input][the spectrum] or [task t's input].
 template <typename C, typename T>
 struct spectrum_slot {
     static constexpr int COUNT = stored_positions<C>();
     float4* values;
-    bool pending;  // a gather in flight, its signs not fixed
+    bool pending;  // a gather in flight, not yet waited for
 
     // Call after committing the first task's input (of head h).
     __device__ __forceinline__ spectrum_slot(float4* slot, const Args<T>& a, int h, int thread)
@@ -516,12 +539,12 @@ struct spectrum_slot {
         if (pending) kt::cp_async_wait<1>();
         else kt::cp_async_wait<0>();
     }
-    // After the next task's input was committed: the spectrum landed and its signs fixed by this
-    // thread (a barrier before phase 2 makes them visible).
+    // After the next task's input was committed: this thread's part of the spectrum landed (and is
+    // conjugated for the correlation; a barrier before phase 2 makes it visible).
     __device__ __forceinline__ void settle(const Args<T>& a, int thread) {
         if (!pending) return;
         kt::cp_async_wait<1>();
-        fix_spectrum_signs<C, COUNT>(values, a.conjugate, thread);
+        if (a.conjugate) conjugate_gathered<C, COUNT>(values, thread);
         pending = false;
     }
     // After the barrier that ends task t's phase 2: the next head's spectrum, where task t + 1
@@ -605,7 +628,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
                     return stored_tile_value<C>(kr, k, [&](int i) { return s.spectrum[i]; });
                 });
             } else {
-                cmul_fragments(acc, s.spectrum + kr * (PQ / 2));
+                cmul_spectrum_tile(acc, s.spectrum + kr * (PQ / 2));
             }
             complex_tile<typename C::sub16> z;
             kt::copy(z.re, acc.re);

@@ -13,8 +13,9 @@
 // - Half the spectrum. The filter is real, so K[L - f] = conj(K[f]); with f = k_r + R k_p +
 //   16 R k_q that maps tile k_r to tile R - k_r read backwards ((k_p, k_q) -> (15 - k_p,
 //   15 - k_q)). Tiles 0 .. R/2 are kept, in phase 2's fragment order; a tile past R/2 reads its
-//   mirror: in fragment order lane 31 - lane, register 3 - k, the pair's two values swapped,
-//   conjugated (stored_tile_value), still 512 contiguous bytes per warp access. At R = 64 they
+//   mirror: in fragment order lane 31 - lane, register 3 - k, the pair's two values swapped
+//   (stored_tile_value; a slot holds K[min(f, L - f)] and its reader conjugates it above L/2,
+//   spectrum_signs), still 512 contiguous bytes per warp access. At R = 64 they
 //   are gathered into shared memory (66 KiB in fp32) when the head changes; at R = 128 (133 KiB
 //   beside 128 KiB of tiles and 66 KiB of tables) a small kernel arranges them in global memory
 //   before the convolution (arrange_spectrum), and phase 2 reads a tile's values into registers
@@ -178,8 +179,8 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
     });
 }
 
-// The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, each K[f] from
-// K[min(f, L - f)] with its sign fixed (conj above L/2, conj everywhere for the correlation):
+// The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, K[min(f, L - f)] at each
+// position f as the gathers leave it (conjugated for the correlation; see spectrum_signs):
 // `arranged` (heads, STORED) complex, for the kernels that read it from global memory. A block
 // per head and group of ARRANGE_GROUP consecutive tiles, a thread per position in the tile: at
 // one position the group's frequencies are consecutive (f, f + 1, ...), so a thread's reads share
@@ -201,7 +202,11 @@ __global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restri
 #pragma unroll
     for (int j = 0; j < ARRANGE_GROUP; j++) {
         const int c = (first_tile + j) * PQ + int(threadIdx.x);
-        if (first_tile + j < C::STORED_TILES) v[j] = spectrum_value<L>(row, spectrum_frequency<C>(c), conjugate);
+        if (first_tile + j < C::STORED_TILES) {
+            const int f = spectrum_frequency<C>(c);
+            v[j] = row[f > L / 2 ? L - f : f];
+            if (conjugate) v[j].y = -v[j].y;
+        }
     }
 #pragma unroll
     for (int j = 0; j < ARRANGE_GROUP; j++) {
@@ -314,7 +319,7 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
 #pragma unroll
     for (int jp = 0; jp < C::P_PER_WARP; jp++) load_column(tasks.first, warp + WARPS * jp);
     kt::cp_async_commit();
-    bool spectrum_pending = false;  // a gather in flight, its signs not fixed
+    bool spectrum_pending = false;  // a gather in flight, not yet waited for
     if constexpr (C::SPECTRUM_IN_SHARED) {
         gather_spectrum_async<C, T, STORED>(s.spectrum, a, tasks.first / a.pairs, thread);
         kt::cp_async_commit();
@@ -333,7 +338,7 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
         kt::cp_async_wait<0>();
         if constexpr (C::SPECTRUM_IN_SHARED) {
             if (spectrum_pending) {
-                fix_spectrum_signs<C, STORED>(s.spectrum, a.conjugate, thread);
+                if (a.conjugate) conjugate_gathered<C, STORED>(s.spectrum, thread);
                 spectrum_pending = false;
             }
         }

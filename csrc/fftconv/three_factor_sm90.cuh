@@ -223,7 +223,7 @@ __device__ __forceinline__ void wgmma_phase2_jobs(typename C::Tables& tab, typen
         wait_older();
         landed(d[j], a[j]);
         const int kr = 4 * (group + C::WARPGROUPS * j) + in_group;
-        cmul_fragments(d[j], spectrum + kr * (PQ / 2));  // times the filter's spectrum
+        cmul_spectrum_tile(d[j], spectrum + kr * (PQ / 2));  // times the filter's spectrum
         kt::copy(a[j].re, d[j].re);
         kt::copy(a[j].im, d[j].im);
         issue_complex<1>(d[j], a[j].re, a[j].im, tab.f16);  // G3: rows k_p, cols q
