@@ -442,6 +442,18 @@ constexpr bool spectrum_order_is_a_permutation() {
     return true;
 }
 
+// Position c of phase 2's order is in register (c / 64) % 4 of its lane's fragment (float4 c / 2
+// = (k_r * 4 + k) * 32 + lane): registers 2 and 3 hold exactly the positions with f > L/2 (and
+// f = L/2), which spectrum_signs relies on.
+template <typename C>
+constexpr bool upper_half_is_registers_2_and_3() {
+    for (int c = 0; c < C::L; c++) {
+        const int f = spectrum_frequency<C>(c), k = (c / 64) % 4;
+        if ((f > C::L / 2 && k < 2) || (f < C::L / 2 && k >= 2)) return false;
+    }
+    return true;
+}
+
 // The spectrum slots hold K[min(f, L - f)] at each position f (conjugated for the correlation):
 // what a gather copies, with no pass over the slot to fix signs. A reader conjugates it where
 // f > L/2 (a real filter's K[f] = conj(K[L - f])): in phase 2's order that is register k >= 2 of
@@ -470,21 +482,50 @@ __device__ __forceinline__ float4 stored_tile_value(int kr, int k, Load&& load) 
     return spectrum_signs(make_float4(m.z, m.w, m.x, m.y), k);  // columns c, c + 1
 }
 
-// f(c) for each spectrum position c < COUNT (phase 2's order) that this thread gathers: lanes
-// take 4 consecutive tiles (k_r .. k_r + 3, at f .. f + 3: one or two 32-byte sectors of K) at 8
-// consecutive positions of a tile, where lanes on consecutive positions of one tile read a sector
-// each for 8 bytes.
+// The gathers' order: unit u (a thread's i-th one is thread + i * THREADS) copies position
+// gathered_position(u), so lanes take 4 consecutive tiles (k_r .. k_r + 3, at f .. f + 3: one or
+// two 32-byte sectors of K) at 8 consecutive positions of a tile, where lanes on consecutive
+// positions of one tile read a sector each for 8 bytes. Units past the last group of
+// SECTOR_TILES tiles give positions past it.
+//
+// SECTOR_TILES consecutive tiles' values at one position are consecutive frequencies, which
+// share a 32-byte sector of K.
+inline constexpr int SECTOR_TILES = 32 / int(sizeof(float2));
+
+template <typename C>
+__host__ __device__ constexpr int gathered_position(int unit) {
+    constexpr int PQ = C::PQ;
+    return (unit / (SECTOR_TILES * PQ) * SECTOR_TILES + unit % SECTOR_TILES) * PQ + (unit / SECTOR_TILES) % PQ;
+}
+
+template <typename C, int COUNT>
+inline constexpr int gather_units = (COUNT + SECTOR_TILES * C::PQ - 1) / (SECTOR_TILES * C::PQ) * SECTOR_TILES * C::PQ;
+
+// Every position c < COUNT is gathered by exactly one unit.
+template <typename C, int COUNT>
+constexpr bool gathers_cover_each_position_once() {
+    int seen[COUNT] = {};
+    for (int u = 0; u < gather_units<C, COUNT>; u++) {
+        const int c = gathered_position<C>(u);
+        if (c < COUNT) seen[c]++;
+    }
+    for (int c = 0; c < COUNT; c++)
+        if (seen[c] != 1) return false;
+    return true;
+}
+
+// f(c) for each spectrum position c < COUNT that this thread gathers.
 template <typename C, int COUNT, typename F>
 __device__ __forceinline__ void for_gathered_positions(int thread, F&& f) {
-    constexpr int GROUP = 4, PQ = C::PQ, TILES = (COUNT + PQ - 1) / PQ;
-    constexpr int UNITS = (TILES + GROUP - 1) / GROUP * GROUP * PQ;
+    static_assert(gathers_cover_each_position_once<C, COUNT>());
+    constexpr int UNITS = gather_units<C, COUNT>;
     // Rolled: unrolled, the compiler hoists every iteration's offsets out of the task loop and
     // the forwards spill.
 #pragma unroll 1
     for (int i = 0; i < (UNITS + C::THREADS - 1) / C::THREADS; i++) {
         const int unit = thread + i * C::THREADS;
-        const int c = (unit / (GROUP * PQ) * GROUP + unit % GROUP) * PQ + (unit / GROUP) % PQ;
-        if ((UNITS % C::THREADS == 0 || unit < UNITS) && (COUNT % (GROUP * PQ) == 0 || c < COUNT)) f(c);
+        const int c = gathered_position<C>(unit);
+        if ((UNITS % C::THREADS == 0 || unit < UNITS) && (COUNT % (SECTOR_TILES * C::PQ) == 0 || c < COUNT)) f(c);
     }
 }
 
@@ -571,7 +612,7 @@ template <typename T, int R, int WARPS, bool FOLDED>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
     using C = ThreeFactor<T, R, WARPS, FOLDED>;
-    static_assert(spectrum_order_is_a_permutation<C>());
+    static_assert(spectrum_order_is_a_permutation<C>() && upper_half_is_registers_2_and_3<C>());
     constexpr int N = C::N, HALF = C::HALF, XR = C::XR, PQ = C::PQ, Q = C::Q;
     constexpr int THREADS = C::THREADS;
     extern __shared__ char smem[];

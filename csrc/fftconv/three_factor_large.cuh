@@ -182,25 +182,22 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
 // The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, K[min(f, L - f)] at each
 // position f as the gathers leave it (conjugated for the correlation; see spectrum_signs):
 // `arranged` (heads, STORED) complex, for the kernels that read it from global memory. A block
-// per head and group of ARRANGE_GROUP consecutive tiles, a thread per position in the tile: at
-// one position the group's frequencies are consecutive (f, f + 1, ...), so a thread's reads share
-// 32-byte sectors through L1 (a thread per value read a sector of its own for each 8 bytes). A
-// head's rfft row (L/2 + 1 values) is read while it sits in L2.
-inline constexpr int ARRANGE_GROUP = 4;
-
+// per head and group of SECTOR_TILES consecutive tiles, a thread per position in the tile, so a
+// thread's reads share 32-byte sectors through L1 (a thread per value read a sector of its own for
+// each 8 bytes). A head's rfft row (L/2 + 1 values) is read while it sits in L2.
 template <typename C>
-inline constexpr int arrange_groups = (C::STORED_TILES + ARRANGE_GROUP - 1) / ARRANGE_GROUP;
+inline constexpr int arrange_groups = (C::STORED_TILES + SECTOR_TILES - 1) / SECTOR_TILES;
 
 template <typename C>
 __global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restrict__ spectrum,
                                                           float2* __restrict__ arranged, bool conjugate) {
     constexpr int L = C::L, PQ = C::PQ, GROUPS = arrange_groups<C>;
-    const int h = int(blockIdx.x / GROUPS), first_tile = int(blockIdx.x % GROUPS) * ARRANGE_GROUP;
+    const int h = int(blockIdx.x / GROUPS), first_tile = int(blockIdx.x % GROUPS) * SECTOR_TILES;
     const float2* row = spectrum + int64_t(h) * (L / 2 + 1);
     float2* out = arranged + int64_t(h) * C::STORED;
-    float2 v[ARRANGE_GROUP];
+    float2 v[SECTOR_TILES];
 #pragma unroll
-    for (int j = 0; j < ARRANGE_GROUP; j++) {
+    for (int j = 0; j < SECTOR_TILES; j++) {
         const int c = (first_tile + j) * PQ + int(threadIdx.x);
         if (first_tile + j < C::STORED_TILES) {
             const int f = spectrum_frequency<C>(c);
@@ -209,7 +206,7 @@ __global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restri
         }
     }
 #pragma unroll
-    for (int j = 0; j < ARRANGE_GROUP; j++) {
+    for (int j = 0; j < SECTOR_TILES; j++) {
         const int c = (first_tile + j) * PQ + int(threadIdx.x);
         if (first_tile + j < C::STORED_TILES) out[c] = v[j];
     }
@@ -298,7 +295,7 @@ template <typename T, int R, int WARPS>
 __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
     three_factor_large_forward(const __grid_constant__ Args<T> a) {
     using C = ThreeFactorLarge<T, R, WARPS>;
-    static_assert(spectrum_order_is_a_permutation<C>());
+    static_assert(spectrum_order_is_a_permutation<C>() && upper_half_is_registers_2_and_3<C>());
     constexpr int HALF = C::HALF, PQ = C::PQ, Q = C::Q, STORED = C::STORED;
     extern __shared__ char smem[];
     shared_carver carve(smem);

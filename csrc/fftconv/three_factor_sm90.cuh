@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(ThreeFactorWgmma<T, R, WARPGROUPS>::THREADS,
     // Compiled for a GPU without sm_90a features: no body (the host launches it only on sm_90).
 #else
     using C = ThreeFactorWgmma<T, R, WARPGROUPS>;
-    static_assert(spectrum_order_is_a_permutation<C>());
+    static_assert(spectrum_order_is_a_permutation<C>() && upper_half_is_registers_2_and_3<C>());
     constexpr int N = C::N, HALF = C::HALF, Q = C::Q, PQ = C::PQ, THREADS = C::THREADS;
     extern __shared__ char smem[];
     shared_carver carve(smem);
