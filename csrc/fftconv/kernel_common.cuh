@@ -104,12 +104,18 @@ __device__ __forceinline__ void load_spectrum_async(float2* slot, const Args<T>&
     }
 }
 
+// Where K[f], 0 <= f < L, of a real filter is kept in K[0 .. L/2]: at min(f, L - f) (above L/2
+// conjugated: K[f] = conj(K[L - f])).
+template <int L>
+__host__ __device__ constexpr int half_spectrum_index(int f) {
+    return f > L / 2 ? L - f : f;
+}
+
 // K[f] for 0 <= f < L (conj(K[f]) when `conjugate`) from K[0 .. L/2] of a real filter.
 template <int L>
 __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool conjugate) {
-    const bool upper = f > L / 2;
-    float2 v = half[upper ? L - f : f];
-    if (upper != conjugate) v.y = -v.y;
+    float2 v = half[half_spectrum_index<L>(f)];
+    if ((f > L / 2) != conjugate) v.y = -v.y;
     return v;
 }
 

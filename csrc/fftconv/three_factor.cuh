@@ -525,7 +525,9 @@ __device__ __forceinline__ void for_gathered_positions(int thread, F&& f) {
     for (int i = 0; i < (UNITS + C::THREADS - 1) / C::THREADS; i++) {
         const int unit = thread + i * C::THREADS;
         const int c = gathered_position<C>(unit);
-        if ((UNITS % C::THREADS == 0 || unit < UNITS) && (COUNT % (SECTOR_TILES * C::PQ) == 0 || c < COUNT)) f(c);
+        // A unit past the last group gives c >= UNITS >= COUNT; every unit is a position in range
+        // where the units are the positions and fill the threads' iterations.
+        if ((COUNT == UNITS && UNITS % C::THREADS == 0) || c < COUNT) f(c);
     }
 }
 
@@ -537,9 +539,8 @@ __device__ __forceinline__ void gather_spectrum_async(float4* slot, const Args<T
     float2* dst = reinterpret_cast<float2*>(slot);
     const float2* src = a.spectrum + int64_t(h) * (L / 2 + 1);
     for_gathered_positions<C, COUNT>(thread, [&](int c) {
-        const int f = spectrum_frequency<C>(c);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(kt::shared_address(dst + c)),
-                     "l"(src + (f > L / 2 ? L - f : f))
+                     "l"(src + half_spectrum_index<L>(spectrum_frequency<C>(c)))
                      : "memory");
     });
 }

@@ -200,8 +200,7 @@ __global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restri
     for (int j = 0; j < SECTOR_TILES; j++) {
         const int c = (first_tile + j) * PQ + int(threadIdx.x);
         if (first_tile + j < C::STORED_TILES) {
-            const int f = spectrum_frequency<C>(c);
-            v[j] = row[f > L / 2 ? L - f : f];
+            v[j] = row[half_spectrum_index<L>(spectrum_frequency<C>(c))];
             if (conjugate) v[j].y = -v[j].y;
         }
     }
