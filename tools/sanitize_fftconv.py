@@ -13,10 +13,10 @@ the command line only, if any). Inputs and the float64 references are made on th
 non-zero on any mismatch.
 """
 
-import contextlib
 import itertools
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -49,20 +49,9 @@ def relative(got, ref):
 FULL_LAYOUT_LENGTHS = (2048, 4096)
 
 
-@contextlib.contextmanager
 def shared_per_block_cap(value):
     """TK_FFTCONV_SHARED_PER_BLOCK set to `value` (None: left as it is) for the block."""
-    old = os.environ.get("TK_FFTCONV_SHARED_PER_BLOCK")
-    if value is not None:
-        os.environ["TK_FFTCONV_SHARED_PER_BLOCK"] = value
-    try:
-        yield
-    finally:
-        if value is not None:
-            if old is None:
-                del os.environ["TK_FFTCONV_SHARED_PER_BLOCK"]
-            else:
-                os.environ["TK_FFTCONV_SHARED_PER_BLOCK"] = old
+    return mock.patch.dict(os.environ, {} if value is None else {"TK_FFTCONV_SHARED_PER_BLOCK": value})
 
 
 def forward_ops(length):
