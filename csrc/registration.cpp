@@ -127,6 +127,9 @@ TORCH_LIBRARY(tk, m) {
     // 2) floats, the form fftconv_fwd_sm80 takes. Plain ATen (any device, differentiable); a
     // module whose filter does not change can keep it.
     m.def("fftconv_filter_spectrum(Tensor k, int fft_size) -> Tensor");
+    // k (H, Nk) float32/bfloat16/float16, 1 <= Nk <= fft_size / 2, any strides, zero-padded to
+    // (H, fft_size) float32 (contiguous): fftconv_filter_spectrum's rfft input on a GPU.
+    m.def("fftconv_padded_filter(Tensor k, int fft_size) -> Tensor");
 }
 
 namespace {
@@ -194,6 +197,9 @@ at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tenso
 at::Tensor fftconv_filter_spectrum_not_built(const at::Tensor&, int64_t) {
     family_not_built("fftconv_filter_spectrum", "fftconv");
 }
+at::Tensor fftconv_padded_filter_not_built(const at::Tensor&, int64_t) {
+    family_not_built("fftconv_padded_filter", "fftconv");
+}
 #endif
 
 #ifndef TK_HAS_BASED
@@ -260,6 +266,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &fftconv_fwd_sm80_not_built);
     m.impl("fftconv_fwd_sm90", &fftconv_fwd_sm90_not_built);
     m.impl("fftconv_filter_grad_sm80", &fftconv_filter_grad_sm80_not_built);
+    m.impl("fftconv_padded_filter", &fftconv_padded_filter_not_built);
 }
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {
     m.impl("fftconv_filter_spectrum", &fftconv_filter_spectrum_not_built);

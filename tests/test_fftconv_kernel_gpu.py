@@ -230,6 +230,78 @@ def test_filter_spectrum_is_the_rfft(fft_size):
     assert (spectrum.double() - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
 
 
+FILTER_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def filter_views(heads, length, dtype):
+    """k (heads, length) as a contiguous tensor, a transposed view and a view with a step."""
+    base = torch.randn(heads, length, device="cuda").to(dtype)
+    return {"contiguous": base,
+            "transposed": torch.randn(length, heads, device="cuda").to(dtype).t(),
+            "step": torch.randn(heads, 3 * length, device="cuda").to(dtype)[:, ::3]}
+
+
+@pytest.mark.parametrize("dtype", FILTER_DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("length", [1, 3, 17, 256, 509])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "step"])
+def test_padded_filter_is_k_then_zeros(length, dtype, layout):
+    """tk::fftconv_padded_filter writes k's values (in fp32) and zeros after them, every element:
+    its output lands on NaN-filled memory."""
+    seeded("padded", length, dtype, layout)
+    fft_size = 1024
+    k = filter_views(5, length, dtype)[layout]
+    poison = torch.full((5, fft_size), math.nan, device="cuda")
+    address = poison.data_ptr()
+    del poison
+    padded = torch.ops.tk.fftconv_padded_filter(k, fft_size)
+    assert padded.data_ptr() == address, "the output did not reuse the NaN block"
+    assert padded.dtype == torch.float32 and padded.shape == (5, fft_size) and padded.is_contiguous()
+    assert torch.equal(padded, torch.nn.functional.pad(k.float(), (0, fft_size - length)))
+
+
+def test_padded_filter_rows_past_the_grid():
+    """More heads than a grid dimension holds (65535): the blocks stride over the rows."""
+    seeded("padded", "rows")
+    k = torch.randn(70001, 5, device="cuda")
+    padded = torch.ops.tk.fftconv_padded_filter(k, 512)
+    assert torch.equal(padded, torch.nn.functional.pad(k, (0, 507)))
+    assert torch.ops.tk.fftconv_padded_filter(k[:0], 512).shape == (0, 512)
+
+
+@pytest.mark.parametrize("dtype", FILTER_DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_filter_spectrum_gradient(dtype):
+    """The spectrum's gradient through the GPU's padding is torch.fft.rfft's, in k's dtype."""
+    seeded("spectrum-grad", dtype)
+    k = torch.randn(4, 300, device="cuda").to(dtype).requires_grad_()
+    weight = torch.randn(4, 513, 2, device="cuda")
+    (torch.ops.tk.fftconv_filter_spectrum(k, 1024) * weight).sum().backward()
+    ours, k.grad = k.grad, None
+    (torch.view_as_real(torch.fft.rfft(k.float(), n=1024)) * weight).sum().backward()
+    assert ours.dtype == dtype
+    torch.testing.assert_close(ours, k.grad, rtol=1e-5, atol=1e-5 * k.grad.abs().max().item())
+
+
+def test_padded_filter_opcheck():
+    seeded("padded", "opcheck")
+    torch.library.opcheck(torch.ops.tk.fftconv_padded_filter.default,
+                          (torch.randn(3, 100, device="cuda", requires_grad=True), 512))
+
+
+def test_padded_filter_rejects_what_it_cannot_take():
+    op = torch.ops.tk.fftconv_padded_filter
+    k = torch.randn(2, 8, device="cuda")
+    for bad, fft_size, message in [
+        (k[0], 512, "k must be 2-D"),
+        (k.double(), 512, "k must be float32, bfloat16 or float16"),
+        (k.int(), 512, "k must be a floating-point tensor"),
+        (k, 500, "fft_size must be one of"),
+        (torch.randn(2, 257, device="cuda"), 512, "k's length must be 1 .. fft_size / 2 = 256"),
+        (k[:, :0], 512, "k's length must be 1 .. fft_size / 2"),
+    ]:
+        with pytest.raises(RuntimeError, match="tk::fftconv_padded_filter: " + message):
+            op(bad, fft_size)
+
+
 # ---- the correlation (conjugate spectrum) ------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-// CUDA implementations of tk::fftconv_fwd_sm80 and tk::fftconv_filter_grad_sm80 and the
-// (device-independent) implementation of tk::fftconv_filter_spectrum: re-check the inputs
+// CUDA implementations of tk::fftconv_fwd_sm80, tk::fftconv_filter_grad_sm80 and
+// tk::fftconv_padded_filter and the (device-independent) implementation of
+// tk::fftconv_filter_spectrum: re-check the inputs
 // (cheaply: shapes, dtypes, devices, strides, alignment; never data), allocate the output,
 // describe the call in a plain params struct (params.h) and launch the kernel on the current
 // stream of u's device.
@@ -8,6 +9,7 @@
 // callers of torch.ops.tk.* and name the op and the offending argument.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -28,6 +30,7 @@ constexpr const char* kFwdOp = "tk::fftconv_fwd_sm80: ";
 constexpr const char* kFwdSm90Op = "tk::fftconv_fwd_sm90: ";
 constexpr const char* kGradOp = "tk::fftconv_filter_grad_sm80: ";
 constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
+constexpr const char* kPaddedOp = "tk::fftconv_padded_filter: ";
 
 void check_fft_size(int64_t fft_size, const char* op) {
     TORCH_CHECK(fft_size > 0 && fft_size <= std::numeric_limits<int>::max() &&
@@ -200,18 +203,61 @@ at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor&
     return grad;
 }
 
+// A filter k (H, Nk) with 1 <= Nk <= fft_size / 2.
+void check_filter(const at::Tensor& k, int64_t fft_size, const char* op) {
+    TORCH_CHECK(k.defined(), op, "k is undefined");
+    TORCH_CHECK(k.dim() == 2, op, "k must be 2-D (heads, filter length), got shape ", k.sizes());
+    TORCH_CHECK(at::isFloatingType(k.scalar_type()), op, "k must be a floating-point tensor, got ", k.scalar_type());
+    check_fft_size(fft_size, op);
+    TORCH_CHECK(k.size(1) >= 1 && k.size(1) <= fft_size / 2, op, "k's length must be 1 .. fft_size / 2 = ",
+                fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
+}
+
+// k zero-padded to (H, fft_size) in fp32 on k's GPU, in one pass (padded_filter.cu).
+at::Tensor fftconv_padded_filter_cuda(const at::Tensor& k, int64_t fft_size) {
+    check_filter(k, fft_size, kPaddedOp);
+    FilterType type{};
+    switch (k.scalar_type()) {
+        case at::kFloat: type = FilterType::fp32; break;
+        case at::kBFloat16: type = FilterType::bf16; break;
+        case at::kHalf: type = FilterType::fp16; break;
+        default: TORCH_CHECK(false, kPaddedOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
+    }
+    const c10::cuda::CUDAGuard device_guard(k.device());
+    at::Tensor out = at::empty({k.size(0), fft_size}, k.options().dtype(at::kFloat));
+    if (k.size(0) == 0) return out;
+    PaddedFilterParams p{};
+    p.k = k.const_data_ptr();
+    p.k_stride_h = k.stride(0), p.k_stride_t = k.stride(1);
+    p.type = type;
+    p.out = out.mutable_data_ptr<float>();
+    p.heads = k.size(0);
+    p.length = static_cast<int>(k.size(1));
+    p.width = static_cast<int>(fft_size);
+    check_launch(fftconv_padded_filter(p, current_stream(k)), kPaddedOp);
+    return out;
+}
+
+// k zero-padded to fft_size in fp32, rfft's input: on a GPU by tk::fftconv_padded_filter (the
+// padded rows written once; its autograd formula is registered in Python), elsewhere by ATen.
+at::Tensor padded_filter(const at::Tensor& k, int64_t fft_size) {
+    const at::ScalarType type = k.scalar_type();
+    if (k.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf)) {
+        static const auto op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("tk::fftconv_padded_filter", "")
+                                   .typed<at::Tensor(const at::Tensor&, int64_t)>();
+        return op.call(k, fft_size);
+    }
+    return at::constant_pad_nd(k.to(at::kFloat), {0, fft_size - k.size(1)});
+}
+
 // rfft(k, fft_size) per head in fp32, as (heads, fft_size / 2 + 1, 2) floats: the form the
-// kernels take. Plain ATen (any device, traceable, differentiable): a per-call precompute, or
+// kernels take. Composite (any device, traceable, differentiable): a per-call precompute, or
 // cached by a module whose filter does not change.
 at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
-    TORCH_CHECK(k.defined(), kSpectrumOp, "k is undefined");
-    TORCH_CHECK(k.dim() == 2, kSpectrumOp, "k must be 2-D (heads, filter length), got shape ", k.sizes());
-    TORCH_CHECK(at::isFloatingType(k.scalar_type()), kSpectrumOp, "k must be a floating-point tensor, got ",
-                k.scalar_type());
-    check_fft_size(fft_size, kSpectrumOp);
-    TORCH_CHECK(k.size(1) >= 1 && k.size(1) <= fft_size / 2, kSpectrumOp, "k's length must be 1 .. fft_size / 2 = ",
-                fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
-    return at::view_as_real(at::fft_rfft(k.to(at::kFloat), fft_size, /*dim=*/-1));
+    check_filter(k, fft_size, kSpectrumOp);
+    return at::view_as_real(at::_fft_r2c(padded_filter(k, fft_size), {1}, /*normalization: none*/ 0,
+                                         /*onesided=*/true));
 }
 
 }  // namespace
@@ -221,6 +267,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &tk::fftconv::fftconv_fwd_sm80_cuda);
     m.impl("fftconv_fwd_sm90", &tk::fftconv::fftconv_fwd_sm90_cuda);
     m.impl("fftconv_filter_grad_sm80", &tk::fftconv::fftconv_filter_grad_sm80_cuda);
+    m.impl("fftconv_padded_filter", &tk::fftconv::fftconv_padded_filter_cuda);
 }
 
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {

@@ -54,7 +54,7 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
             if (p.workspace == nullptr) return cudaErrorInvalidValue;
             const int64_t blocks = int64_t(p.heads) * arrange_groups<C>;
             if (blocks > std::numeric_limits<int>::max()) return cudaErrorInvalidConfiguration;
-            arrange_spectrum<C><<<unsigned(blocks), C::PQ, 0, stream>>>(
+            arrange_spectrum<C><<<unsigned(blocks), ARRANGE_THREADS, 0, stream>>>(
                 a.spectrum, static_cast<float2*>(p.workspace), p.conjugate);
             if (cudaError_t e = cudaGetLastError()) return e;
             a.arranged_spectrum = static_cast<const float4*>(p.workspace);

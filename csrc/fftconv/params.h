@@ -104,6 +104,22 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
 int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads);
 int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
 
+// The filter zero-padded for its spectrum (fftconv_filter_spectrum's rfft input): out[h, t] =
+// k[h, t] for t < length, 0 for length <= t < width, in fp32 (one pass over out, where rfft(k,
+// width) pads with a fill of out and a copy of k into it).
+enum class FilterType { fp32, bf16, fp16 };
+
+struct PaddedFilterParams {
+    const void* k;  // (heads, length) of `type`, any element strides
+    int64_t k_stride_h, k_stride_t;
+    FilterType type;
+    float* out;  // (heads, width) contiguous, 16-byte aligned
+    int64_t heads;
+    int length, width;  // 1 <= length <= width, width a multiple of 4
+};
+
+cudaError_t fftconv_padded_filter(const PaddedFilterParams& params, cudaStream_t stream);
+
 // Hopper (sm_90a): the wgmma kernels where there is one (fft_size 4096 and 8192), the mma.sync
 // kernels above for the other sizes; the same contract and functions.
 cudaError_t fftconv_fwd_sm90(const ForwardParams& params, cudaStream_t stream);

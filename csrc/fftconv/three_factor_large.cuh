@@ -182,32 +182,38 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
 // The spectrum tiles 0 .. R/2 of every head in phase 2's fragment order, K[min(f, L - f)] at each
 // position f as the gathers leave it (conjugated for the correlation; see spectrum_signs):
 // `arranged` (heads, STORED) complex, for the kernels that read it from global memory. A block
-// per head and group of SECTOR_TILES consecutive tiles, a thread per position in the tile, so a
-// thread's reads share 32-byte sectors through L1 (a thread per value read a sector of its own for
-// each 8 bytes). A head's rfft row (L/2 + 1 values) is read while it sits in L2.
-template <typename C>
-inline constexpr int arrange_groups = (C::STORED_TILES + SECTOR_TILES - 1) / SECTOR_TILES;
+// per head and ARRANGE_POSITIONS consecutive positions of every stored tile, transposed through
+// shared memory: at one position consecutive tiles are consecutive frequencies (f = k_r + R k_p
+// + 16 R k_q), so the reads take runs of STORED_TILES values, and the writes runs of
+// ARRANGE_POSITIONS of a tile (where a thread per position and tile read 8 bytes of a sector).
+inline constexpr int ARRANGE_POSITIONS = 32;
+inline constexpr int ARRANGE_THREADS = 256;
 
 template <typename C>
-__global__ void __launch_bounds__(C::PQ) arrange_spectrum(const float2* __restrict__ spectrum,
-                                                          float2* __restrict__ arranged, bool conjugate) {
-    constexpr int L = C::L, PQ = C::PQ, GROUPS = arrange_groups<C>;
-    const int h = int(blockIdx.x / GROUPS), first_tile = int(blockIdx.x % GROUPS) * SECTOR_TILES;
+inline constexpr int arrange_groups = C::PQ / ARRANGE_POSITIONS;
+
+template <typename C>
+__global__ void __launch_bounds__(ARRANGE_THREADS) arrange_spectrum(const float2* __restrict__ spectrum,
+                                                                    float2* __restrict__ arranged, bool conjugate) {
+    constexpr int L = C::L, PQ = C::PQ, TILES = C::STORED_TILES, VALUES = ARRANGE_POSITIONS * TILES;
+    // [position][tile], rows of an odd number of float2: the reads' consecutive tiles and the
+    // writes' consecutive positions (a row apart) both fall in distinct banks.
+    static_assert(TILES % 2 == 1);
+    __shared__ float2 values[ARRANGE_POSITIONS][TILES];
+    const int h = int(blockIdx.x) / arrange_groups<C>;
+    const int first = int(blockIdx.x) % arrange_groups<C> * ARRANGE_POSITIONS;
     const float2* row = spectrum + int64_t(h) * (L / 2 + 1);
-    float2* out = arranged + int64_t(h) * C::STORED;
-    float2 v[SECTOR_TILES];
-#pragma unroll
-    for (int j = 0; j < SECTOR_TILES; j++) {
-        const int c = (first_tile + j) * PQ + int(threadIdx.x);
-        if (first_tile + j < C::STORED_TILES) {
-            v[j] = row[half_spectrum_index<L>(spectrum_frequency<C>(c))];
-            if (conjugate) v[j].y = -v[j].y;
-        }
+    for (int e = int(threadIdx.x); e < VALUES; e += ARRANGE_THREADS) {
+        const int position = e / TILES, kr = e % TILES;
+        float2 v = row[half_spectrum_index<L>(spectrum_frequency<C>(kr * PQ + first + position))];
+        if (conjugate) v.y = -v.y;
+        values[position][kr] = v;
     }
-#pragma unroll
-    for (int j = 0; j < SECTOR_TILES; j++) {
-        const int c = (first_tile + j) * PQ + int(threadIdx.x);
-        if (first_tile + j < C::STORED_TILES) out[c] = v[j];
+    __syncthreads();
+    float2* out = arranged + int64_t(h) * C::STORED;
+    for (int e = int(threadIdx.x); e < VALUES; e += ARRANGE_THREADS) {
+        const int kr = e / ARRANGE_POSITIONS, position = e % ARRANGE_POSITIONS;
+        out[kr * PQ + first + position] = values[position][kr];
     }
 }
 

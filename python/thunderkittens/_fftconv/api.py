@@ -109,7 +109,7 @@ class FFTConv(torch.nn.Module):
         key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None
         if cached is not k or key != self._cached_key:
-            self._cached_spectrum = SPECTRUM(k.float(), fft_size)
+            self._cached_spectrum = SPECTRUM(k, fft_size)
             self._cached_filter = weakref.ref(k)
             self._cached_key = key
         n = u.shape[-1]

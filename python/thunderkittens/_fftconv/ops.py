@@ -59,12 +59,32 @@ def _filter_grad_fake(dy, u, fft_size):
     return u.new_empty((u.shape[1], u.shape[2]), dtype=torch.float32)
 
 
+@torch.library.register_fake("tk::fftconv_padded_filter")
+def _padded_filter_fake(k, fft_size):
+    return k.new_empty((k.shape[0], fft_size), dtype=torch.float32)
+
+
+def _padded_filter_setup_context(ctx, inputs, output) -> None:
+    k, _ = inputs
+    ctx.length, ctx.dtype = k.shape[-1], k.dtype
+
+
+def _padded_filter_backward(ctx, grad):
+    return grad[:, : ctx.length].to(ctx.dtype), None
+
+
+# The GPU's zero padding inside tk::fftconv_filter_spectrum (a composite op): the gradient of the
+# padded rows is their head.
+torch.library.register_autograd("tk::fftconv_padded_filter", _padded_filter_backward,
+                                setup_context=_padded_filter_setup_context)
+
+
 @torch.library.custom_op("tk::fftconv", mutates_args=())
 def fftconv_op(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
                postgate: torch.Tensor | None, fft_size: int, correlate: bool = False,
                family: str = "sm80") -> torch.Tensor:
     # Not "kernel": inductor's fallback-kernel constructor has an argument of that name.
-    return FORWARD[family](u, SPECTRUM(k.float(), fft_size), pregate, postgate, fft_size, correlate)
+    return FORWARD[family](u, SPECTRUM(k, fft_size), pregate, postgate, fft_size, correlate)
 
 
 @fftconv_op.register_fake
@@ -85,7 +105,7 @@ def _backward(ctx, grad):
     grad = _scaffold.operand(grad.to(u.dtype))
     grad_u = grad_k = grad_pre = grad_post = None
     if needs_u or needs_pre or needs_post:
-        spectrum = SPECTRUM(k.float(), fft_size)
+        spectrum = SPECTRUM(k, fft_size)
         if needs_post:
             grad_post = forward(u, spectrum, pregate, grad, fft_size, correlate)
         if needs_pre:
