@@ -659,6 +659,11 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
         spectrum.settle(a, thread);
         __syncthreads();
 
+        // Phase 2 in two passes over the warp's tiles, every forward before any inverse: an
+        // inverse ends in stores to shared memory, which the next tile's loads cannot move above
+        // (the compiler cannot tell the addresses apart), so tile by tile the next tile's chain of
+        // dependent products could not start until the last one's had ended.
+        complex_tile<typename C::sub16> spectra[C::KR_PER_WARP];  // 16-bit, for G3
 #pragma unroll
         for (int j = 0; j < C::KR_PER_WARP; j++) {
             const int kr = warp + WARPS * j;
@@ -672,10 +677,14 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             } else {
                 cmul_spectrum_tile(acc, s.spectrum + kr * (PQ / 2));
             }
-            complex_tile<typename C::sub16> z;
-            kt::copy(z.re, acc.re);
-            kt::copy(z.im, acc.im);
-            tile_inverse<C>(z, f16, s.tab, s.buf, kr, kr, t2);
+            kt::copy(spectra[j].re, acc.re);
+            kt::copy(spectra[j].im, acc.im);
+        }
+#pragma unroll
+        for (int j = 0; j < C::KR_PER_WARP; j++) {
+            const int kr = warp + WARPS * j;
+            const twiddle2_fragment t2 = FOLDED ? t2_held : twiddle2_fragment(s.tab.twiddle2);
+            tile_inverse<C>(spectra[j], f16, s.tab, s.buf, kr, kr, t2);
         }
         __syncthreads();
         spectrum.refill_after(a, tasks, t, task, thread);
