@@ -124,8 +124,9 @@ TORCH_LIBRARY(tk, m) {
     // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t].
     m.def("fftconv_filter_grad_sm80(Tensor dy, Tensor u, int fft_size) -> Tensor");
     // rfft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32 as (H, fft_size / 2 + 1,
-    // 2) floats, the form fftconv_fwd_sm80 takes. Plain ATen (any device, differentiable); a
-    // module whose filter does not change can keep it.
+    // 2) floats, the form fftconv_fwd_sm80 takes. Composite (any device, differentiable: ATen's
+    // rfft, on a GPU of fftconv_padded_filter's rows); a module whose filter does not change can
+    // keep it.
     m.def("fftconv_filter_spectrum(Tensor k, int fft_size) -> Tensor");
     // k (H, Nk) float32/bfloat16/float16, 1 <= Nk <= fft_size / 2, any strides, zero-padded to
     // (H, fft_size) float32 (contiguous): fftconv_filter_spectrum's rfft input on a GPU.

@@ -185,7 +185,8 @@ __device__ __forceinline__ void store_column(const Pair<T>& out, int seqlen, Buf
 // per head and ARRANGE_POSITIONS consecutive positions of every stored tile, transposed through
 // shared memory: at one position consecutive tiles are consecutive frequencies (f = k_r + R k_p
 // + 16 R k_q), so the reads take runs of STORED_TILES values, and the writes runs of
-// ARRANGE_POSITIONS of a tile (where a thread per position and tile read 8 bytes of a sector).
+// ARRANGE_POSITIONS of a tile (a thread per position and tile would read 8 bytes of a sector
+// for each value).
 inline constexpr int ARRANGE_POSITIONS = 32;
 inline constexpr int ARRANGE_THREADS = 256;
 
