@@ -61,6 +61,8 @@ def _filter_grad_fake(dy, u, fft_size):
 
 @torch.library.register_fake("tk::fftconv_padded_filter")
 def _padded_filter_fake(k, fft_size):
+    torch._check(k.dim() == 2 and k.dtype in (torch.float32, torch.bfloat16, torch.float16),
+                 lambda: "tk::fftconv_padded_filter: k must be a 2-D float32, bfloat16 or float16 tensor")
     return k.new_empty((k.shape[0], fft_size), dtype=torch.float32)
 
 
