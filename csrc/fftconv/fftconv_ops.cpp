@@ -213,23 +213,28 @@ void check_filter(const at::Tensor& k, int64_t fft_size, const char* op) {
                 fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
 }
 
+// The element types the padding kernel reads; none for the others.
+std::optional<FilterType> padded_filter_type(at::ScalarType type) {
+    switch (type) {
+        case at::kFloat: return FilterType::fp32;
+        case at::kBFloat16: return FilterType::bf16;
+        case at::kHalf: return FilterType::fp16;
+        default: return std::nullopt;
+    }
+}
+
 // k zero-padded to (H, fft_size) in fp32 on k's GPU, in one pass (padded_filter.cu).
 at::Tensor fftconv_padded_filter_cuda(const at::Tensor& k, int64_t fft_size) {
     check_filter(k, fft_size, kPaddedOp);
-    FilterType type{};
-    switch (k.scalar_type()) {
-        case at::kFloat: type = FilterType::fp32; break;
-        case at::kBFloat16: type = FilterType::bf16; break;
-        case at::kHalf: type = FilterType::fp16; break;
-        default: TORCH_CHECK(false, kPaddedOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
-    }
+    const std::optional<FilterType> type = padded_filter_type(k.scalar_type());
+    TORCH_CHECK(type.has_value(), kPaddedOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
     const c10::cuda::CUDAGuard device_guard(k.device());
     at::Tensor out = at::empty({k.size(0), fft_size}, k.options().dtype(at::kFloat));
     if (k.size(0) == 0) return out;
     PaddedFilterParams p{};
     p.k = k.const_data_ptr();
     p.k_stride_h = k.stride(0), p.k_stride_t = k.stride(1);
-    p.type = type;
+    p.type = *type;
     p.out = out.mutable_data_ptr<float>();
     p.heads = k.size(0);
     p.length = static_cast<int>(k.size(1));
@@ -241,8 +246,7 @@ at::Tensor fftconv_padded_filter_cuda(const at::Tensor& k, int64_t fft_size) {
 // k zero-padded to fft_size in fp32, rfft's input: on a GPU by tk::fftconv_padded_filter (the
 // padded rows written once; its autograd formula is registered in Python), elsewhere by ATen.
 at::Tensor padded_filter(const at::Tensor& k, int64_t fft_size) {
-    const at::ScalarType type = k.scalar_type();
-    if (k.is_cuda() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf)) {
+    if (k.is_cuda() && padded_filter_type(k.scalar_type()).has_value()) {
         static const auto op = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("tk::fftconv_padded_filter", "")
                                    .typed<at::Tensor(const at::Tensor&, int64_t)>();

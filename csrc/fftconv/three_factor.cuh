@@ -117,7 +117,8 @@ struct ThreeFactor {
 };
 
 // Entry e of the w_256^(k_p q) table in the fragment order of a 16 x 16 row-layout tile (lane
-// e % 32, register e / 32: its two columns' values), which cmul_fragments reads.
+// e % 32, register e / 32: its two columns' values), which twiddle2_fragment (and the wgmma
+// kernel's cmul_fragments) reads.
 __device__ __forceinline__ float4 twiddle2_value(int e) {
     const int l = e % 32, k = e / 32;
     const int row = 8 * (k % 2) + l / 4, col = 8 * (k / 2) + 2 * (l % 4);
@@ -641,7 +642,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     const F16<C> f16;
     __syncthreads();  // the tables
     // T2's twiddles, held through the task loop where T1 is folded; the full layout, which holds
-    // F16 instead, spills with them and reads them per tile.
+    // F16 instead, spills with them and reads them where each of phase 2's passes uses them.
     const twiddle2_fragment t2_held(s.tab.twiddle2);
     for (int i = 0, t = tasks.first; t < tasks.last; i++, t++, task = task.next(a.pairs)) {
         const int h = task.h, pair = task.pair;
