@@ -233,12 +233,13 @@ def test_filter_spectrum_is_the_rfft(fft_size):
 FILTER_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def filter_views(heads, length, dtype):
-    """k (heads, length) as a contiguous tensor, a transposed view and a view with a step."""
-    base = torch.randn(heads, length, device="cuda").to(dtype)
-    return {"contiguous": base,
-            "transposed": torch.randn(length, heads, device="cuda").to(dtype).t(),
-            "step": torch.randn(heads, 3 * length, device="cuda").to(dtype)[:, ::3]}
+def filter_view(heads, length, dtype, layout):
+    """k (heads, length) as a contiguous tensor, a transposed view or a view with a step."""
+    if layout == "transposed":
+        return torch.randn(length, heads, device="cuda").to(dtype).t()
+    if layout == "step":
+        return torch.randn(heads, 3 * length, device="cuda").to(dtype)[:, ::3]
+    return torch.randn(heads, length, device="cuda").to(dtype)
 
 
 @pytest.mark.parametrize("dtype", FILTER_DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -249,7 +250,7 @@ def test_padded_filter_is_k_then_zeros(length, dtype, layout):
     its output lands on NaN-filled memory."""
     seeded("padded", length, dtype, layout)
     fft_size = 1024
-    k = filter_views(5, length, dtype)[layout]
+    k = filter_view(5, length, dtype, layout)
     poison = torch.full((5, fft_size), math.nan, device="cuda")
     address = poison.data_ptr()
     del poison
