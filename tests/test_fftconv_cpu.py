@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import thunderkittens as tk
-from thunderkittens._fftconv import plan, reference
+from thunderkittens._fftconv import ops, plan, reference
 
 from gpu_support import kernel_standins
 
@@ -107,8 +107,8 @@ class ForwardStandIn:
         assert k_spectrum.dtype == torch.float32 and k_spectrum.shape == (heads, fft_size // 2 + 1, 2)
         for t in (u, pregate, postgate):
             assert t is None or (t.dtype == u.dtype and t.shape == u.shape and conforming(t))
-        self.calls.append({"u": u, "pregate": pregate, "postgate": postgate, "fft_size": fft_size,
-                           "conjugate": conjugate, "op": op})
+        self.calls.append({"u": u, "k_spectrum": k_spectrum, "pregate": pregate, "postgate": postgate,
+                           "fft_size": fft_size, "conjugate": conjugate, "op": op})
         w = u if pregate is None else u * pregate  # the kernel rounds u * pregate to 16 bits
         spectrum = torch.view_as_complex(k_spectrum.double())
         if conjugate:
@@ -278,6 +278,20 @@ def test_kernel_path_gradients_match_the_reference(cpu_fftconv, gates):
     assert len(cpu_fftconv.filter_grad.calls) == 1
 
 
+def test_backward_takes_the_forward_spectrum(cpu_fftconv, monkeypatch):
+    """The filter is transformed once per forward + backward: the backward's kernel calls get the
+    spectrum the forward computed (tk::fftconv returns it, autograd keeps it)."""
+    transforms = []
+    spectrum_op = ops.SPECTRUM
+    monkeypatch.setattr(ops, "SPECTRUM", lambda k, fft_size: transforms.append(fft_size) or spectrum_op(k, fft_size))
+    u, k, pre, post = make(n=40, nk=40, dtype=torch.bfloat16, gates=True, requires_grad=True)
+    y = tk.fftconv(u, k, pre, post)
+    torch.autograd.grad(y, (u, k, pre, post), torch.randn_like(y))
+    assert len(transforms) == 1
+    forward, *backward = cpu_fftconv.calls
+    assert len(backward) == 2 and all(call["k_spectrum"] is forward["k_spectrum"] for call in backward)
+
+
 @pytest.mark.parametrize("which", ["u", "u_pregate", "pregate", "postgate", "k"])
 def test_kernel_path_backward_computes_only_what_is_asked(cpu_fftconv, which):
     """Each gradient alone, against the float64 reference's; grad of u without grad of the
@@ -406,7 +420,9 @@ def test_correlation_op_gradients(cpu_fftconv):
     k[m - n] (u pre)[m] and its gradients against float64 autograd of the same formula."""
     u, k, pre, post = make(b=2, h=3, n=32, nk=32, dtype=torch.float16, gates=True, requires_grad=True)
     k = k.detach().float().requires_grad_()
-    y = torch.ops.tk.fftconv(u, k, pre, post, 512, True)
+    y, spectrum = torch.ops.tk.fftconv(u, k, pre, post, 512, True)
+    assert not spectrum.requires_grad
+    torch.testing.assert_close(spectrum, torch.ops.tk.fftconv_filter_spectrum(k.detach(), 512))
     grad = torch.randn_like(y)
     ours = torch.autograd.grad(y, (u, k, pre, post), grad)
     leaves = [t.detach().double().requires_grad_() for t in (u, k, pre, post)]

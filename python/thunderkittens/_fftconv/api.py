@@ -57,7 +57,7 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
         y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate, family),
                               family.name)
     else:
-        y = fftconv_op(u, k, pregate, postgate, fft_size, False, family.name)
+        y, _ = fftconv_op(u, k, pregate, postgate, fft_size, False, family.name)
     return y[..., :n] if length != n else y
 
 

@@ -22,6 +22,11 @@ import torch.nn.functional as F
 from .ops import fftconv_op
 
 
+def kernel_piece(*args) -> torch.Tensor:
+    """One kernel call of the decomposition (tk::fftconv's result without its spectrum)."""
+    return fftconv_op(*args)[0]
+
+
 def kernel_fft_size(length: int, kernel_lengths: tuple[int, ...]) -> int:
     """The FFT size of the shortest kernel for a block of `length`."""
     return 2 * next(n for n in kernel_lengths if n >= length)
@@ -58,16 +63,16 @@ def block_conv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
         terms = []
         for a in range(i + 1):
             if filters[i - a] is not None:
-                terms.append(fftconv_op(view(u, a, length), filters[i - a][:, :length], view(pregate, a, length),
+                terms.append(kernel_piece(view(u, a, length), filters[i - a][:, :length], view(pregate, a, length),
                                         post, kernel_fft_size(length, kernel_lengths), False, family))
         for a in range(i):  # block a < i is whole: its tail needs all of it
             if tails[i - 1 - a] is None:
                 continue
             if length == block:  # the postgate has the call's shape: the kernel applies it
-                terms.append(fftconv_op(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), post,
+                terms.append(kernel_piece(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), post,
                                         2 * block, True, family))
                 continue
-            term = fftconv_op(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), None, 2 * block,
+            term = kernel_piece(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), None, 2 * block,
                               True, family)[..., :length]
             terms.append(term if post is None else term * post)
         if len(terms) == 1:
