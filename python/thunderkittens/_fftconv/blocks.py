@@ -64,16 +64,16 @@ def block_conv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
         for a in range(i + 1):
             if filters[i - a] is not None:
                 terms.append(kernel_piece(view(u, a, length), filters[i - a][:, :length], view(pregate, a, length),
-                                        post, kernel_fft_size(length, kernel_lengths), False, family))
+                                          post, kernel_fft_size(length, kernel_lengths), False, family))
         for a in range(i):  # block a < i is whole: its tail needs all of it
             if tails[i - 1 - a] is None:
                 continue
             if length == block:  # the postgate has the call's shape: the kernel applies it
                 terms.append(kernel_piece(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), post,
-                                        2 * block, True, family))
+                                          2 * block, True, family))
                 continue
             term = kernel_piece(view(u, a, block), tails[i - 1 - a], view(pregate, a, block), None, 2 * block,
-                              True, family)[..., :length]
+                                True, family)[..., :length]
             terms.append(term if post is None else term * post)
         if len(terms) == 1:
             outputs.append(terms[0])
