@@ -292,6 +292,20 @@ def test_backward_takes_the_forward_spectrum(cpu_fftconv, monkeypatch):
     assert len(backward) == 2 and all(call["k_spectrum"] is forward["k_spectrum"] for call in backward)
 
 
+def test_block_pieces_keep_their_filters(cpu_fftconv, monkeypatch):
+    """A long sequence's pieces share a few filter blocks: autograd keeps those, not a spectrum per
+    piece, and the backward transforms each piece's filter again."""
+    transforms = []
+    spectrum_op = ops.SPECTRUM
+    monkeypatch.setattr(ops, "SPECTRUM", lambda k, fft_size: transforms.append(fft_size) or spectrum_op(k, fft_size))
+    u, k, _, _ = make(b=1, h=2, n=16400, nk=16400, dtype=torch.bfloat16, requires_grad=True)
+    y = tk.fftconv(u, k)
+    pieces = sum(block_calls(16400, 16400))
+    assert len(transforms) == pieces
+    torch.autograd.grad(y, (u, k), torch.randn_like(y))
+    assert len(transforms) == 2 * pieces
+
+
 @pytest.mark.parametrize("which", ["u", "u_pregate", "pregate", "postgate", "k"])
 def test_kernel_path_backward_computes_only_what_is_asked(cpu_fftconv, which):
     """Each gradient alone, against the float64 reference's; grad of u without grad of the

@@ -23,8 +23,10 @@ from .ops import fftconv_op
 
 
 def kernel_piece(*args) -> torch.Tensor:
-    """One kernel call of the decomposition (tk::fftconv's result without its spectrum)."""
-    return fftconv_op(*args)[0]
+    """One kernel call of the decomposition. Its filter is one of a few filter blocks that many
+    pieces share (P^2 pieces, 2P filters): autograd keeps the filter, not a spectrum per piece."""
+    y, _ = fftconv_op(*args, keep_spectrum=False)
+    return y
 
 
 def kernel_fft_size(length: int, kernel_lengths: tuple[int, ...]) -> int:

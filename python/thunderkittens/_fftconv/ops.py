@@ -11,14 +11,16 @@ the anti-causal correlation y[n] = sum_{m >= n} k[m - n] (u * pregate)[m], times
 ``tk::fftconv_filter_grad_sm80(dy, u, fft_size) -> grad`` (H, n) float32:
 grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t], on the tensor cores.
 
-``tk::fftconv(u, k, pregate, postgate, fft_size, correlate=False, family="sm80") -> (y,
-k_spectrum)`` (defined here) is the causal convolution of u with the filter k (H, Nk) on the
-kernel family ``family`` (the spectrum, then its forward op), or with ``correlate`` the
-anti-causal correlation y[n] = sum_{m >= n} k[m - n] w[m] (the pieces of a long sequence's block
-decomposition need both, see blocks.py). ``k_spectrum`` is the spectrum y was computed with
-(not differentiable): autograd keeps it for the backward, whose kernel calls take it rather than
-transform k again. Its backward, with z = grad_y * postgate and w = u * pregate, all on the
-kernels (the correlation is the convolution's adjoint, and the other way round):
+``tk::fftconv(u, k, pregate, postgate, fft_size, correlate=False, family="sm80",
+keep_spectrum=True) -> (y, k_spectrum)`` (defined here) is the causal convolution of u with the
+filter k (H, Nk) on the kernel family ``family`` (the spectrum, then its forward op), or with
+``correlate`` the anti-causal correlation y[n] = sum_{m >= n} k[m - n] w[m] (the pieces of a long
+sequence's block decomposition need both, see blocks.py). ``k_spectrum`` is the spectrum y was
+computed with (not differentiable). With ``keep_spectrum`` autograd keeps it for the backward,
+whose kernel calls take it rather than transform k again (H (fft_size / 2 + 1) 8 bytes held
+instead of k, as FlashFFTConv holds its spectrum); without, it keeps k (the block pieces, which
+share a few filter blocks). Its backward, with z = grad_y * postgate and w = u * pregate, all on
+the kernels (the correlation is the convolution's adjoint, and the other way round):
 
     grad_w = correlation (convolution) of z with k  (the forward kernel, z fed as its pregate)
     grad_u = grad_w * pregate            (the kernel's postgate when grad_pregate is not wanted)
@@ -86,44 +88,46 @@ torch.library.register_autograd("tk::fftconv_padded_filter", _padded_filter_back
 @torch.library.custom_op("tk::fftconv", mutates_args=())
 def fftconv_op(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None,
                postgate: torch.Tensor | None, fft_size: int, correlate: bool = False,
-               family: str = "sm80") -> tuple[torch.Tensor, torch.Tensor]:
+               family: str = "sm80", keep_spectrum: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     # Not "kernel": inductor's fallback-kernel constructor has an argument of that name.
     k_spectrum = SPECTRUM(k, fft_size)
     return FORWARD[family](u, k_spectrum, pregate, postgate, fft_size, correlate), k_spectrum
 
 
 @fftconv_op.register_fake
-def _fftconv_fake(u, k, pregate, postgate, fft_size, correlate=False, family="sm80"):
+def _fftconv_fake(u, k, pregate, postgate, fft_size, correlate=False, family="sm80", keep_spectrum=True):
     return u.new_empty(u.shape), k.new_empty((k.shape[0], fft_size // 2 + 1, 2), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    u, k, pregate, postgate, fft_size, correlate, family = inputs
+    u, k, pregate, postgate, fft_size, correlate, family, keep_spectrum = inputs
     _, k_spectrum = output
-    ctx.save_for_backward(u, pregate, postgate, k_spectrum)
+    ctx.save_for_backward(u, pregate, postgate, k_spectrum if keep_spectrum else k)
     ctx.filter_length, ctx.filter_dtype = k.shape[-1], k.dtype
-    ctx.fft_size, ctx.correlate, ctx.family = fft_size, correlate, family
+    ctx.fft_size, ctx.correlate, ctx.family, ctx.keep_spectrum = fft_size, correlate, family, keep_spectrum
     ctx.mark_non_differentiable(k_spectrum)
     ctx.set_materialize_grads(False)  # no zero-filled gradient for k_spectrum
 
 
 def _backward(ctx, grad, _grad_spectrum):
     if grad is None:
-        return (None,) * 7
-    u, pregate, postgate, spectrum = ctx.saved_tensors
+        return (None,) * 8
+    u, pregate, postgate, kept = ctx.saved_tensors
     needs_u, needs_k, needs_pre, needs_post = ctx.needs_input_grad[:4]
     fft_size, correlate, forward = ctx.fft_size, ctx.correlate, FORWARD[ctx.family]
     grad = _scaffold.operand(grad.to(u.dtype))
     grad_u = grad_k = grad_pre = grad_post = None
-    if needs_post:
-        grad_post = forward(u, spectrum, pregate, grad, fft_size, correlate)
-    if needs_pre:
-        grad_w = forward(grad, spectrum, postgate, None, fft_size, not correlate)
-        grad_pre = grad_w * u
-        if needs_u:
-            grad_u = grad_w * pregate
-    elif needs_u:
-        grad_u = forward(grad, spectrum, postgate, pregate, fft_size, not correlate)
+    if needs_u or needs_pre or needs_post:
+        spectrum = kept if ctx.keep_spectrum else SPECTRUM(kept, fft_size)  # else kept is k
+        if needs_post:
+            grad_post = forward(u, spectrum, pregate, grad, fft_size, correlate)
+        if needs_pre:
+            grad_w = forward(grad, spectrum, postgate, None, fft_size, not correlate)
+            grad_pre = grad_w * u
+            if needs_u:
+                grad_u = grad_w * pregate
+        elif needs_u:
+            grad_u = forward(grad, spectrum, postgate, pregate, fft_size, not correlate)
     if needs_k:
         z = grad if postgate is None else grad * postgate
         w = u if pregate is None else u * pregate
@@ -133,7 +137,7 @@ def _backward(ctx, grad, _grad_spectrum):
         else:
             grad_k = reference.filter_gradient(dy, x, ctx.filter_length)
         grad_k = grad_k.to(ctx.filter_dtype)
-    return grad_u, grad_k, grad_pre, grad_post, None, None, None
+    return grad_u, grad_k, grad_pre, grad_post, None, None, None, None
 
 
 fftconv_op.register_autograd(_backward, setup_context=_setup_context)
