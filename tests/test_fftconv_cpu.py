@@ -278,12 +278,18 @@ def test_kernel_path_gradients_match_the_reference(cpu_fftconv, gates):
     assert len(cpu_fftconv.filter_grad.calls) == 1
 
 
-def test_backward_takes_the_forward_spectrum(cpu_fftconv, monkeypatch):
+@pytest.fixture
+def transforms(monkeypatch):
+    """The fft_size of each filter transform (tk::fftconv_filter_spectrum) the fftconv ops make."""
+    sizes = []
+    spectrum_op = ops.SPECTRUM
+    monkeypatch.setattr(ops, "SPECTRUM", lambda k, fft_size: sizes.append(fft_size) or spectrum_op(k, fft_size))
+    return sizes
+
+
+def test_backward_takes_the_forward_spectrum(cpu_fftconv, transforms):
     """The filter is transformed once per forward + backward: the backward's kernel calls get the
     spectrum the forward computed (tk::fftconv returns it, autograd keeps it)."""
-    transforms = []
-    spectrum_op = ops.SPECTRUM
-    monkeypatch.setattr(ops, "SPECTRUM", lambda k, fft_size: transforms.append(fft_size) or spectrum_op(k, fft_size))
     u, k, pre, post = make(n=40, nk=40, dtype=torch.bfloat16, gates=True, requires_grad=True)
     y = tk.fftconv(u, k, pre, post)
     torch.autograd.grad(y, (u, k, pre, post), torch.randn_like(y))
@@ -292,12 +298,9 @@ def test_backward_takes_the_forward_spectrum(cpu_fftconv, monkeypatch):
     assert len(backward) == 2 and all(call["k_spectrum"] is forward["k_spectrum"] for call in backward)
 
 
-def test_block_pieces_keep_their_filters(cpu_fftconv, monkeypatch):
+def test_block_pieces_keep_their_filters(cpu_fftconv, transforms):
     """A long sequence's pieces share a few filter blocks: autograd keeps those, not a spectrum per
     piece, and the backward transforms each piece's filter again."""
-    transforms = []
-    spectrum_op = ops.SPECTRUM
-    monkeypatch.setattr(ops, "SPECTRUM", lambda k, fft_size: transforms.append(fft_size) or spectrum_op(k, fft_size))
     u, k, _, _ = make(b=1, h=2, n=16400, nk=16400, dtype=torch.bfloat16, requires_grad=True)
     y = tk.fftconv(u, k)
     pieces = sum(block_calls(16400, 16400))
