@@ -102,9 +102,10 @@ def _fftconv_fake(u, k, pregate, postgate, fft_size, correlate=False, family="sm
 def _setup_context(ctx, inputs, output) -> None:
     u, k, pregate, postgate, fft_size, correlate, family, keep_spectrum = inputs
     _, k_spectrum = output
-    ctx.save_for_backward(u, pregate, postgate, k_spectrum if keep_spectrum else k)
+    # The spectrum, or (without keep_spectrum) k to transform again.
+    ctx.save_for_backward(u, pregate, postgate, k_spectrum if keep_spectrum else None, None if keep_spectrum else k)
     ctx.filter_length, ctx.filter_dtype = k.shape[-1], k.dtype
-    ctx.fft_size, ctx.correlate, ctx.family, ctx.keep_spectrum = fft_size, correlate, family, keep_spectrum
+    ctx.fft_size, ctx.correlate, ctx.family = fft_size, correlate, family
     ctx.mark_non_differentiable(k_spectrum)
     ctx.set_materialize_grads(False)  # no zero-filled gradient for k_spectrum
 
@@ -112,13 +113,14 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad, _grad_spectrum):
     if grad is None:
         return (None,) * 8
-    u, pregate, postgate, kept = ctx.saved_tensors
+    u, pregate, postgate, spectrum, k = ctx.saved_tensors
     needs_u, needs_k, needs_pre, needs_post = ctx.needs_input_grad[:4]
     fft_size, correlate, forward = ctx.fft_size, ctx.correlate, FORWARD[ctx.family]
     grad = _scaffold.operand(grad.to(u.dtype))
     grad_u = grad_k = grad_pre = grad_post = None
     if needs_u or needs_pre or needs_post:
-        spectrum = kept if ctx.keep_spectrum else SPECTRUM(kept, fft_size)  # else kept is k
+        if spectrum is None:
+            spectrum = SPECTRUM(k, fft_size)
         if needs_post:
             grad_post = forward(u, spectrum, pregate, grad, fft_size, correlate)
         if needs_pre:
