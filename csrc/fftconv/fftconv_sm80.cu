@@ -28,12 +28,30 @@
 namespace tk::fftconv {
 namespace {
 
-template <typename C>
+template <typename C, bool STAGED_POSTGATE = false>
 auto forward_kernel() {
     using T = typename C::dtype;
     if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS>;
-    else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED>;
+    else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED, STAGED_POSTGATE>;
     else return two_factor_forward<T, C::R, C::Q, C::WARPS>;
+}
+
+// Configurations whose forward can take its postgate through shared memory (three_factor.cuh).
+template <typename C>
+concept stages_postgates = requires { C::postgate_bytes; };
+
+// Whether C's forward stages the postgate of this call: where the stage fits the block's shared
+// memory and costs no second block per SM (a configuration that runs two blocks per SM keeps
+// them when the postgate is its only gate; with a pregate it runs one block either way, which
+// the staged kernel's launch bounds assume).
+template <typename C>
+bool stage_postgate(const ForwardParams& p, int smem) {
+    if constexpr (stages_postgates<C>) {
+        return p.postgate != nullptr && (p.pregate != nullptr || !two_blocks_fit<C>(kSharedPerSm90)) &&
+               smem + C::postgate_bytes <= p.shared_per_block;
+    } else {
+        return false;
+    }
 }
 
 template <typename C>
@@ -48,7 +66,14 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
         using C = decltype(config);
         static_assert(matches_decomposition<C>());
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
-        const int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
+        int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
+        auto kernel = forward_kernel<C>();
+        if constexpr (stages_postgates<C>) {
+            if (stage_postgate<C>(p, smem)) {
+                smem += C::postgate_bytes;
+                kernel = forward_kernel<C, true>();
+            }
+        }
         Args<T> a = forward_args<T>(p);
         if constexpr (reads_arranged_spectrum<C>) {
             if (p.workspace == nullptr) return cudaErrorInvalidValue;
@@ -59,7 +84,7 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
             if (cudaError_t e = cudaGetLastError()) return e;
             a.arranged_spectrum = static_cast<const float4*>(p.workspace);
         }
-        return launch<T>(forward_kernel<C>(), C::THREADS, smem, a, p.multiprocessors, /*whole_heads=*/false, stream);
+        return launch<T>(kernel, C::THREADS, smem, a, p.multiprocessors, /*whole_heads=*/false, stream);
     });
 }
 

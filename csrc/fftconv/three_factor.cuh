@@ -95,6 +95,7 @@ struct ThreeFactor {
         seq_tile x[2];  // batch 2i (re), 2i + 1 (im); y staged here after F1
     };
     using PreStages = seq_tile[STAGES][2];  // their pregates: allocated after Shared, only with one
+    using PostStage = seq_tile[2];          // the pair's postgates, where staged: after those
     struct Shared {
         Stage stage[STAGES];
         buffer buf[2];                // re, im
@@ -113,6 +114,7 @@ struct ThreeFactor {
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
+    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStage>() - 1024;
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 
@@ -602,6 +604,25 @@ struct spectrum_slot {
     }
 };
 
+// acc (rows r, 16 columns q of column p) *= the postgates staged in shared memory: element
+// (r, col0 + q) of the sequence tiles g[0] (re) and g[1] (im; zeros where the pair has no second
+// sequence, whose output is not stored). Elements at or past seqlen are left (not stored either).
+template <typename RT, typename ST>
+__device__ __forceinline__ void apply_staged_postgate(complex_tile<RT>& acc, const ST (&g)[2], int seqlen, int col0) {
+    using P = typename kt::packed_of<typename ST::dtype>::type;
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int row = i * kt::TILE_DIM + RT::row_in_base(k, 0), col = col0 + j * kt::TILE_DIM + RT::col_in_base(k, 0);
+        if (row * ST::cols + col >= seqlen) return;
+        float2& im = acc.im.tiles[i][j].data[k];
+        const float2 v0 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[0].ptr(row, col)));
+        const float2 v1 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[1].ptr(row, col)));
+        re.x *= v0.x;
+        re.y *= v0.y;
+        im.x *= v1.x;
+        im.y *= v1.y;
+    });
+}
+
 // f(p) for the columns p = warp + WARPS j that this warp owns in phases 1 and 3.
 template <typename C, typename F>
 __device__ __forceinline__ void for_each_column(int warp, F&& f) {
@@ -610,8 +631,14 @@ __device__ __forceinline__ void for_each_column(int warp, F&& f) {
 }
 
 // 16 warps per SM at 128 registers each: one block of 16 or two of 8.
-template <typename T, int R, int WARPS, bool FOLDED>
-__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
+//
+// STAGED_POSTGATE (a postgate given, and room for it): the pair's postgates come through shared
+// memory, a cp.async group issued at the top of the task and waited for before phase 3, instead
+// of global loads in phase 3 whose latency nothing else covered there. A separate instantiation,
+// so that the kernels without one keep their schedule; its block runs alone on an SM
+// (stage_postgate), so 8 warps may take more registers (at 128 they spilled).
+template <typename T, int R, int WARPS, bool FOLDED, bool STAGED_POSTGATE = false>
+__global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, STAGED_POSTGATE ? 1 : 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
     using C = ThreeFactor<T, R, WARPS, FOLDED>;
     static_assert(spectrum_order_is_a_permutation<C>() && upper_half_is_registers_2_and_3<C>());
@@ -621,6 +648,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::Shared>();
     typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
+    typename C::PostStage* post_stage = nullptr;
+    if constexpr (STAGED_POSTGATE) post_stage = &carve.allocate<typename C::PostStage>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
     if constexpr (FOLDED) __builtin_assume(warp < WARPS);  // phase 2 then knows which spectrum tiles are mirrored
     const Tasks tasks = tasks_of(a);
@@ -653,6 +682,11 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             apply_gate<THREADS, N>(st.x[1], (*pre)[i % C::STAGES][1], thread);
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
+        if constexpr (STAGED_POSTGATE) {  // a group older than the next task's input
+            const Pair<const T> g = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
+            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*post_stage)[j], g.seq[j], a.seqlen, a.u, thread);
+            kt::cp_async_commit();
+        }
         if (t + 1 < tasks.last) issue_loads(task.next(a.pairs), (i + 1) % C::STAGES);
         kt::cp_async_commit();
 
@@ -687,6 +721,9 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
             const twiddle2_fragment t2 = FOLDED ? t2_held : twiddle2_fragment(s.tab.twiddle2);
             tile_inverse<C>(spectra[j], f16, s.tab, s.buf, kr, kr, t2);
         }
+        // This thread's postgate chunks (the next task's input may still be in flight), then,
+        // past the barrier, everyone's.
+        if constexpr (STAGED_POSTGATE) kt::cp_async_wait<1>();
         __syncthreads();
         spectrum.refill_after(a, tasks, t, task, thread);
 
@@ -695,9 +732,12 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 16 / WARPS)
         for_each_column<C>(warp, [&](int p) {
             complex_tile<typename C::column_acc> acc;
             phase3<C>(acc, s.tab, s.buf, p);
-            if (a.postgate != nullptr)
+            if constexpr (STAGED_POSTGATE) {
+                apply_staged_postgate(acc, *post_stage, a.seqlen, Q * p);
+            } else if (a.postgate != nullptr) {
                 apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen,
                                [&](int row, int col) { return row * PQ + Q * p + col; });
+            }
             // Staged in this stage's input tiles (free since F1) for 16-byte stores; rows >= R/2
             // are exact zeros, which R = 16 needs in its padding rows.
             kt::store(kt::subtile<XR, kt::TILE_DIM>(st.x[0], 0, p), acc.re);
