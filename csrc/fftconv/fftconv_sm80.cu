@@ -33,26 +33,13 @@ auto forward_kernel() {
     using T = typename C::dtype;
     if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS>;
     else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED, STAGED_POSTGATE>;
-    else return two_factor_forward<T, C::R, C::Q, C::WARPS>;
+    else return two_factor_forward<T, C::R, C::Q, C::WARPS, STAGED_POSTGATE>;
 }
 
-// Configurations whose forward can take its postgate through shared memory (three_factor.cuh).
+// Configurations whose forward can take its postgate through shared memory (two_factor.cuh,
+// three_factor.cuh).
 template <typename C>
-concept stages_postgates = requires { C::postgate_bytes; };
-
-// Whether C's forward stages the postgate of this call: where the stage fits the block's shared
-// memory and costs no second block per SM (a configuration that runs two blocks per SM keeps
-// them when the postgate is its only gate; with a pregate it runs one block either way, which
-// the staged kernel's launch bounds assume).
-template <typename C>
-bool stage_postgate(const ForwardParams& p, int smem) {
-    if constexpr (stages_postgates<C>) {
-        return p.postgate != nullptr && (p.pregate != nullptr || !two_blocks_fit<C>(kSharedPerSm90)) &&
-               smem + C::postgate_bytes <= p.shared_per_block;
-    } else {
-        return false;
-    }
-}
+concept stages_postgates = !is_large<C> && requires { C::postgate_bytes; };
 
 template <typename C>
 constexpr int64_t workspace_bytes(int heads) {
@@ -68,10 +55,14 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
         static_assert(C::shared_bytes + C::pregate_bytes <= kMaxSharedBytes);
         int smem = C::shared_bytes + (p.pregate != nullptr ? C::pregate_bytes : 0);
         auto kernel = forward_kernel<C>();
+        // The postgate staged where the stage fits a block and costs no block per SM.
         if constexpr (stages_postgates<C>) {
-            if (stage_postgate<C>(p, smem)) {
-                smem += C::postgate_bytes;
-                kernel = forward_kernel<C, true>();
+            if (p.postgate != nullptr && smem + C::postgate_bytes <= p.shared_per_block) {
+                const auto staged = forward_kernel<C, true>();
+                if (blocks_per_sm(staged, C::THREADS, smem + C::postgate_bytes) >= blocks_per_sm(kernel, C::THREADS, smem)) {
+                    kernel = staged;
+                    smem += C::postgate_bytes;
+                }
             }
         }
         Args<T> a = forward_args<T>(p);

@@ -2,6 +2,9 @@
 // tasks over persistent blocks, shared-memory carving, the filter spectrum's loads and the
 // postgate, and the launch.
 #pragma once
+#include <map>
+#include <mutex>
+#include <tuple>
 #include "fftconv/complex_tiles.cuh"
 #include "fftconv/params.h"
 
@@ -158,6 +161,28 @@ __device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* g
     });
 }
 
+// acc *= the postgates staged in shared memory: element (row, col) of `acc` at element (row0 +
+// row, col0 + col) of the sequence tiles g[0] (re) and g[1] (im; zeros where the pair has no
+// second sequence, whose output is not stored). Elements at or past seqlen are left (not stored
+// either).
+template <typename RT, typename ST>
+__device__ __forceinline__ void apply_staged_postgate(complex_tile<RT>& acc, const ST (&g)[2], int seqlen, int row0,
+                                                      int col0) {
+    using P = typename kt::packed_of<typename ST::dtype>::type;
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int row = row0 + i * kt::TILE_DIM + RT::row_in_base(k, 0);
+        const int col = col0 + j * kt::TILE_DIM + RT::col_in_base(k, 0);
+        if (row * ST::cols + col >= seqlen) return;
+        float2& im = acc.im.tiles[i][j].data[k];
+        const float2 v0 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[0].ptr(row, col)));
+        const float2 v1 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[1].ptr(row, col)));
+        re.x *= v0.x;
+        re.y *= v0.y;
+        im.x *= v1.x;
+        im.y *= v1.y;
+    });
+}
+
 // A gate's values at the elements of a tile (RT's shape; element (row, col) is sequence element
 // element_of(row, col), 1 at or past seqlen), for tiles whose pairs are not neighbours in the
 // sequence: loaded element by element ahead of the product whose result they multiply, so that
@@ -307,6 +332,26 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
     a.pairs = (p.batch + 1) / 2;
     a.parts = 1;
     return a;
+}
+
+// Blocks of `kernel` that one SM of the current device holds with `smem` bytes of dynamic shared
+// memory each (0 where it cannot run one, or on an error), kept per device, kernel and size.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, int smem) {
+    static std::mutex mutex;
+    static std::map<std::tuple<int, const void*, int, int>, int> known;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem);
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+    int blocks = 0;
+    if (kt::allow_dynamic_shared_memory(kernel, smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        blocks = 0;
+    }
+    return known[key] = blocks;
 }
 
 // One wave of persistent blocks, each running an equal share of the tasks in order: a block's

@@ -604,25 +604,6 @@ struct spectrum_slot {
     }
 };
 
-// acc (rows r, 16 columns q of column p) *= the postgates staged in shared memory: element
-// (r, col0 + q) of the sequence tiles g[0] (re) and g[1] (im; zeros where the pair has no second
-// sequence, whose output is not stored). Elements at or past seqlen are left (not stored either).
-template <typename RT, typename ST>
-__device__ __forceinline__ void apply_staged_postgate(complex_tile<RT>& acc, const ST (&g)[2], int seqlen, int col0) {
-    using P = typename kt::packed_of<typename ST::dtype>::type;
-    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
-        const int row = i * kt::TILE_DIM + RT::row_in_base(k, 0), col = col0 + j * kt::TILE_DIM + RT::col_in_base(k, 0);
-        if (row * ST::cols + col >= seqlen) return;
-        float2& im = acc.im.tiles[i][j].data[k];
-        const float2 v0 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[0].ptr(row, col)));
-        const float2 v1 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[1].ptr(row, col)));
-        re.x *= v0.x;
-        re.y *= v0.y;
-        im.x *= v1.x;
-        im.y *= v1.y;
-    });
-}
-
 // f(p) for the columns p = warp + WARPS j that this warp owns in phases 1 and 3.
 template <typename C, typename F>
 __device__ __forceinline__ void for_each_column(int warp, F&& f) {
@@ -733,7 +714,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, STAGED_POST
             complex_tile<typename C::column_acc> acc;
             phase3<C>(acc, s.tab, s.buf, p);
             if constexpr (STAGED_POSTGATE) {
-                apply_staged_postgate(acc, *post_stage, a.seqlen, Q * p);
+                apply_staged_postgate(acc, *post_stage, a.seqlen, 0, Q * p);
             } else if (a.postgate != nullptr) {
                 apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen,
                                [&](int row, int col) { return row * PQ + Q * p + col; });

@@ -47,6 +47,7 @@ struct TwoFactor {
         seq_tile x[2];  // batch 2i (real part), 2i + 1 (imaginary part); y staged here after use
     };
     using PreStages = seq_tile[STAGES][2];  // their pregates: allocated after Shared, only with one
+    using PostStages = seq_tile[STAGES][2]; // their postgates, where staged: after those
     struct Shared {
         Stage stage[STAGES];
         FrequencyRows u;
@@ -65,6 +66,7 @@ struct TwoFactor {
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
+    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStages>() - 1024;
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 
@@ -177,7 +179,10 @@ __device__ __forceinline__ void load_g1(complex_tile<typename C::column_op>& g1,
     kt::load(g1.im, kt::subtile<C::R, kt::TILE_DIM>(m.fr[1], 0, tile_row));
 }
 
-template <typename T, int R, int Q, int WARPS>
+// STAGED_POSTGATE (a postgate given, and room for it): the pairs' postgates come through shared
+// memory with their inputs, where the output's global loads of them had nothing to hide behind
+// (three_factor_forward's).
+template <typename T, int R, int Q, int WARPS, bool STAGED_POSTGATE = false>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     two_factor_forward(const __grid_constant__ Args<T> a) {
     using C = TwoFactor<T, R, Q, WARPS>;
@@ -187,14 +192,20 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::Shared>();
     typename C::PreStages* pre = a.pregate != nullptr ? &carve.allocate<typename C::PreStages>() : nullptr;
+    typename C::PostStages* post_stages = nullptr;
+    if constexpr (STAGED_POSTGATE) post_stages = &carve.allocate<typename C::PostStages>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    // The next task's inputs into stage `stage`.
+    // The next task's inputs into stage `stage` (one cp.async group with its gates).
     task_position loading(tasks.first, a.pairs);
     auto issue_loads = [&](int stage) {
         load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, loading, thread);
+        if constexpr (STAGED_POSTGATE) {
+            const Pair<const T> g = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, loading.pair, loading.h);
+            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*post_stages)[stage][j], g.seq[j], a.seqlen, a.u, thread);
+        }
         loading = loading.next(a.pairs);
     };
     load_spectrum_async<THREADS, L>(s.spectrum, a, loading.h, thread);  // with the first task's group
@@ -287,10 +298,14 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
             const int tile_row = tile / (Q / kt::TILE_DIM), tile_col = tile % (Q / kt::TILE_DIM);
             complex_tile<typename C::out_acc> acc;
             g1_product<C>(acc, g1[ot], s.u, tile_col);
-            if (a.postgate != nullptr)
+            if constexpr (STAGED_POSTGATE) {
+                apply_staged_postgate(acc, (*post_stages)[i % STAGES], a.seqlen, tile_row * kt::TILE_DIM,
+                                      tile_col * kt::TILE_DIM);
+            } else if (a.postgate != nullptr) {
                 apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen, [&](int row, int col) {
                     return (tile_row * kt::TILE_DIM + row) * Q + tile_col * kt::TILE_DIM + col;
                 });
+            }
             // Through this stage's input tiles (free since F1) for 16-byte stores.
             kt::store(kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(st.x[0], tile_row, tile_col), acc.re);
             kt::store(kt::subtile<kt::TILE_DIM, kt::TILE_DIM>(st.x[1], tile_row, tile_col), acc.im);
