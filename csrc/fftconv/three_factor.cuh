@@ -616,8 +616,10 @@ __device__ __forceinline__ void for_each_column(int warp, F&& f) {
 // STAGED_POSTGATE (a postgate given, and room for it): the pair's postgates come through shared
 // memory, a cp.async group issued at the top of the task and waited for before phase 3, instead
 // of global loads in phase 3 whose latency nothing else covered there. A separate instantiation,
-// so that the kernels without one keep their schedule; its block runs alone on an SM
-// (stage_postgate), so 8 warps may take more registers (at 128 they spilled).
+// so that the kernels without one keep their schedule. The op runs it where it holds as many
+// blocks per SM as the kernel without the stage (fftconv_sm80.cu): 8 warps of it then run alone
+// on an SM (a pregate's stages already take half of it), so they may take more registers (at
+// 128 they spilled).
 template <typename T, int R, int WARPS, bool FOLDED, bool STAGED_POSTGATE = false>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, STAGED_POSTGATE ? 1 : 16 / WARPS)
     three_factor_forward(const __grid_constant__ Args<T> a) {
