@@ -180,8 +180,8 @@ __device__ __forceinline__ void load_g1(complex_tile<typename C::column_op>& g1,
 }
 
 // STAGED_POSTGATE (a postgate given, and room for it): the pairs' postgates come through shared
-// memory with their inputs, where the output's global loads of them had nothing to hide behind
-// (three_factor_forward's).
+// memory with their inputs, as in three_factor_forward: loaded from global memory at the output,
+// their latency had nothing to hide behind.
 template <typename T, int R, int Q, int WARPS, bool STAGED_POSTGATE = false>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     two_factor_forward(const __grid_constant__ Args<T> a) {
