@@ -31,15 +31,16 @@ namespace {
 template <typename C, bool STAGED_POSTGATE = false>
 auto forward_kernel() {
     using T = typename C::dtype;
-    if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS>;
+    if constexpr (is_large<C>) return three_factor_large_forward<T, C::R, C::WARPS, STAGED_POSTGATE>;
     else if constexpr (C::THREE_FACTORS) return three_factor_forward<T, C::R, C::WARPS, C::FOLDED, STAGED_POSTGATE>;
     else return two_factor_forward<T, C::R, C::Q, C::WARPS, STAGED_POSTGATE>;
 }
 
-// Configurations whose forward can take its postgate through shared memory (two_factor.cuh,
-// three_factor.cuh).
+// Configurations whose forward can take its postgate through shared memory where a block has the
+// stage's room (two_factor.cuh, three_factor.cuh, three_factor_large.cuh at N = 8192; not 16384).
 template <typename C>
-concept stages_postgates = !is_large<C> && requires { C::postgate_bytes; };
+concept stages_postgates = requires { C::postgate_bytes; } &&
+                           C::shared_bytes + C::pregate_bytes + C::postgate_bytes <= kMaxSharedBytes;
 
 template <typename C>
 constexpr int64_t workspace_bytes(int heads) {

@@ -95,8 +95,13 @@ struct ThreeFactorLarge {
         Tables tab;
         float scratch[WARPS];
     };
+    // The pair's postgates, where staged (after Shared): rows r < R/2 of each column, loaded with
+    // the column's input.
+    using post_buffer = frequency_tiles<T, HALF>;
+    using PostStage = post_buffer[2];
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = 0;  // the pregate lands in the buffer
+    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStage>() - 1024;
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 
@@ -111,6 +116,14 @@ __device__ __forceinline__ uint4 load_shared_16(uint32_t address) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(address));
     return v;
+}
+
+// Two 16-bit values (a packed pair) from shared memory.
+template <typename Pk>
+__device__ __forceinline__ Pk load_shared_pair(uint32_t address) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(address));
+    return *reinterpret_cast<const Pk*>(&v);
 }
 
 __device__ __forceinline__ void store_shared_16(uint32_t address, const uint4& v) {
@@ -165,6 +178,26 @@ __device__ __forceinline__ void gate_column(Buf (&buf)[2], int p) {
 #pragma unroll
         for (int i = 0; i < 4; i++) px[i] = __hmul2(px[i], pg[i]);
         store_shared_16(x_at, x);
+    });
+}
+
+// acc (rows r, 16 columns q of column p) *= the postgates staged in column p of g (re, im; zeros
+// where the pair has no second sequence, whose output is not stored); elements at or past seqlen
+// are left (not stored either).
+template <typename T, int PQ, typename RT, typename Buf>
+__device__ __forceinline__ void apply_column_postgate(complex_tile<RT>& acc, const Buf (&g)[2], int seqlen, int p) {
+    using Pk = typename kt::packed_of<T>::type;
+    const uint32_t base[2] = {g[0].base(), g[1].base()};
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int row = i * kt::TILE_DIM + RT::row_in_base(k, 0), col = j * kt::TILE_DIM + RT::col_in_base(k, 0);
+        if (row * PQ + kt::TILE_DIM * p + col >= seqlen) return;
+        float2& im = acc.im.tiles[i][j].data[k];
+        const float2 v0 = kt::convert_pair<float, T>(load_shared_pair<Pk>(base[0] + Buf::offset(row, p, col)));
+        const float2 v1 = kt::convert_pair<float, T>(load_shared_pair<Pk>(base[1] + Buf::offset(row, p, col)));
+        re.x *= v0.x;
+        re.y *= v0.y;
+        im.x *= v1.x;
+        im.y *= v1.y;
     });
 }
 
@@ -297,7 +330,9 @@ __device__ __forceinline__ void phase3_chunks(complex_tile<typename C::column_ac
     }
 }
 
-template <typename T, int R, int WARPS>
+// STAGED_POSTGATE: the pair's postgates come with each column's input into a stage of their own,
+// as in three_factor_forward (where the stage fits: N = 8192).
+template <typename T, int R, int WARPS, bool STAGED_POSTGATE = false>
 __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
     three_factor_large_forward(const __grid_constant__ Args<T> a) {
     using C = ThreeFactorLarge<T, R, WARPS>;
@@ -306,18 +341,23 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
     extern __shared__ char smem[];
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::Shared>();
+    typename C::PostStage* post_stage = nullptr;
+    if constexpr (STAGED_POSTGATE) post_stage = &carve.allocate<typename C::PostStage>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
     const bool gated = a.pregate != nullptr;
 
-    // Task t's input (and pregate) for this warp's column p.
+    // Task t's input (and gates) for this warp's column p.
     auto load_column = [&](int t, int p) {
         const int h = t / a.pairs, pair = t - h * a.pairs;
         load_column_async<HALF>(s.buf, a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h), a.seqlen, a.u, p, 0);
         if (gated)
             load_column_async<HALF>(s.buf, a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h), a.seqlen,
                                     a.u, p, HALF);
+        if constexpr (STAGED_POSTGATE)
+            load_column_async<HALF>(*post_stage, a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h),
+                                    a.seqlen, a.u, p, 0);
     };
 #pragma unroll
     for (int jp = 0; jp < C::P_PER_WARP; jp++) load_column(tasks.first, warp + WARPS * jp);
@@ -394,9 +434,12 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
             const int p = warp + WARPS * jp;
             complex_tile<typename C::column_acc> acc;
             phase3_chunks<C, C::STRIPS>(acc, s.tab, s.buf, p, 0);
-            if (a.postgate != nullptr)
+            if constexpr (STAGED_POSTGATE) {  // this warp's own loads, landed at the top of the task
+                apply_column_postgate<T, PQ>(acc, *post_stage, a.seqlen, p);
+            } else if (a.postgate != nullptr) {
                 apply_postgate(acc, post.seq[0], post.seq[1], a.seqlen,
                                [&](int row, int col) { return row * PQ + Q * p + col; });
+            }
             __syncwarp();  // every lane's reads of the column are done before it is overwritten
             store_frequency_tile<C>(acc.re, [&](int row, int col) { return re + C::buffer::offset(row, p, col); });
             store_frequency_tile<C>(acc.im, [&](int row, int col) { return im + C::buffer::offset(row, p, col); });
