@@ -140,47 +140,61 @@ __device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, cons
 
 // ---- gates ------------------------------------------------------------------------------------
 
-// acc *= postgate at the tile's elements: element (row, col) of `acc` is sequence element
-// element_of(row, col) of batches b0 (re) and b1 (im); elements at or past seqlen are left.
+// Two neighbouring gate values for each sequence of a pair, as fp32.
+struct gate_pairs {
+    float2 re, im;
+};
+
+// acc *= the postgates at the tile's elements: element (row, col) of `acc` is sequence element
+// element_of(row, col) of the pair's two sequences (re, im), and gates_at(row, col, n) gives the
+// two gates' values there and at n + 1 as {re's, im's}. Elements at or past seqlen are left (not
+// stored either).
+template <typename RT, typename Element, typename Gates>
+__device__ __forceinline__ void multiply_by_gates(complex_tile<RT>& acc, int seqlen, Element&& element_of,
+                                                  Gates&& gates_at) {
+    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
+        const int row = i * kt::TILE_DIM + RT::row_in_base(k, 0), col = j * kt::TILE_DIM + RT::col_in_base(k, 0);
+        const int n = element_of(row, col);
+        if (n >= seqlen) return;
+        float2& im = acc.im.tiles[i][j].data[k];
+        const gate_pairs g = gates_at(row, col, n);
+        re.x *= g.re.x;
+        re.y *= g.re.y;
+        im.x *= g.im.x;
+        im.y *= g.im.y;
+    });
+}
+
+// Two neighbouring values of a 16-bit gate as fp32.
+template <typename T>
+__device__ __forceinline__ float2 gate_pair(const T* at) {
+    return kt::convert_pair<float, T>(*reinterpret_cast<const typename kt::packed_of<T>::type*>(at));
+}
+
+// multiply_by_gates with the postgates read from global memory at sequence element n (gate1 null
+// where the pair has no second sequence: its im part, not stored, is left).
 template <typename T, typename RT, typename Element>
 __device__ __forceinline__ void apply_postgate(complex_tile<RT>& acc, const T* gate0, const T* gate1, int seqlen,
                                                Element&& element_of) {
     using P = typename kt::packed_of<T>::type;
-    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
-        const int n = element_of(i * kt::TILE_DIM + RT::row_in_base(k, 0), j * kt::TILE_DIM + RT::col_in_base(k, 0));
-        if (n >= seqlen) return;
-        const float2 g0 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate0 + n)));
-        re.x *= g0.x;
-        re.y *= g0.y;
-        if (gate1 != nullptr) {
-            float2& im = acc.im.tiles[i][j].data[k];
-            const float2 g1 = kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate1 + n)));
-            im.x *= g1.x;
-            im.y *= g1.y;
-        }
+    multiply_by_gates(acc, seqlen, element_of, [&](int, int, int n) {
+        return gate_pairs{kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate0 + n))),
+                          gate1 != nullptr ? kt::convert_pair<float, T>(__ldg(reinterpret_cast<const P*>(gate1 + n)))
+                                           : make_float2(1.f, 1.f)};
     });
 }
 
-// acc *= the postgates staged in shared memory: element (row, col) of `acc` at element (row0 +
-// row, col0 + col) of the sequence tiles g[0] (re) and g[1] (im; zeros where the pair has no
-// second sequence, whose output is not stored). Elements at or past seqlen are left (not stored
-// either).
+// multiply_by_gates with the postgates staged in shared memory: element (row, col) of `acc` at
+// element (row0 + row, col0 + col) of the sequence tiles g[0] (re) and g[1] (im; zeros where the
+// pair has no second sequence).
 template <typename RT, typename ST>
 __device__ __forceinline__ void apply_staged_postgate(complex_tile<RT>& acc, const ST (&g)[2], int seqlen, int row0,
                                                       int col0) {
-    using P = typename kt::packed_of<typename ST::dtype>::type;
-    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
-        const int row = row0 + i * kt::TILE_DIM + RT::row_in_base(k, 0);
-        const int col = col0 + j * kt::TILE_DIM + RT::col_in_base(k, 0);
-        if (row * ST::cols + col >= seqlen) return;
-        float2& im = acc.im.tiles[i][j].data[k];
-        const float2 v0 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[0].ptr(row, col)));
-        const float2 v1 = kt::convert_pair<float, typename ST::dtype>(*reinterpret_cast<const P*>(g[1].ptr(row, col)));
-        re.x *= v0.x;
-        re.y *= v0.y;
-        im.x *= v1.x;
-        im.y *= v1.y;
-    });
+    multiply_by_gates(
+        acc, seqlen, [&](int row, int col) { return (row0 + row) * ST::cols + col0 + col; },
+        [&](int row, int col, int) {
+            return gate_pairs{gate_pair(g[0].ptr(row0 + row, col0 + col)), gate_pair(g[1].ptr(row0 + row, col0 + col))};
+        });
 }
 
 // A gate's values at the elements of a tile (RT's shape; element (row, col) is sequence element
@@ -335,23 +349,31 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
 }
 
 // Blocks of `kernel` that one SM of the current device holds with `smem` bytes of dynamic shared
-// memory each (0 where it cannot run one, or on an error), kept per device, kernel and size.
+// memory each, the kernel's dynamic shared memory raised to `smem` first. Answers are kept per
+// device, kernel and size, so a call after the first queries nothing; a failed query is returned
+// (and cleared from the runtime's last error), not kept.
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, int threads, int smem) {
+cudaError_t blocks_per_sm(Kernel kernel, int threads, int smem, int& blocks) {
     static std::mutex mutex;
     static std::map<std::tuple<int, const void*, int, int>, int> known;
+    blocks = 0;
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (cudaError_t e = cudaGetDevice(&device)) return e;
     const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem);
     const std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = known.find(key); it != known.end()) return it->second;
-    int blocks = 0;
-    if (kt::allow_dynamic_shared_memory(kernel, smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+    if (auto it = known.find(key); it != known.end()) {
+        blocks = it->second;
+        return cudaSuccess;
+    }
+    cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+    if (e != cudaSuccess) {
         (void)cudaGetLastError();
         blocks = 0;
+        return e;
     }
-    return known[key] = blocks;
+    known[key] = blocks;
+    return cudaSuccess;
 }
 
 // One wave of persistent blocks, each running an equal share of the tasks in order: a block's
@@ -362,13 +384,12 @@ int blocks_per_sm(Kernel kernel, int threads, int smem) {
 template <typename T, typename Kernel>
 cudaError_t launch(Kernel kernel, int threads, int smem, Args<T> a, int multiprocessors, bool whole_heads,
                    cudaStream_t stream) {
-    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem)) return e;
-    int blocks_per_sm = 0;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem)) return e;
+    int resident_per_sm = 0;
+    if (cudaError_t e = blocks_per_sm(kernel, threads, smem, resident_per_sm)) return e;
     const int64_t tasks = int64_t(a.heads) * a.parts * a.pairs;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     a.tasks = int(tasks);
-    const int64_t resident = int64_t(blocks_per_sm > 0 ? blocks_per_sm : 1) * (multiprocessors > 0 ? multiprocessors : 1);
+    const int64_t resident = int64_t(resident_per_sm > 0 ? resident_per_sm : 1) * (multiprocessors > 0 ? multiprocessors : 1);
     const int64_t blocks_wanted = tasks < resident ? tasks : resident;
     int64_t per_block = (tasks + blocks_wanted - 1) / blocks_wanted;
     if (whole_heads && per_block >= a.pairs) per_block = (per_block + a.pairs - 1) / a.pairs * a.pairs;

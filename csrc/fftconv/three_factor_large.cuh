@@ -181,24 +181,18 @@ __device__ __forceinline__ void gate_column(Buf (&buf)[2], int p) {
     });
 }
 
-// acc (rows r, 16 columns q of column p) *= the postgates staged in column p of g (re, im; zeros
-// where the pair has no second sequence, whose output is not stored); elements at or past seqlen
-// are left (not stored either).
+// multiply_by_gates for acc (rows r, 16 columns q of column p) with the postgates staged in
+// column p of g (re, im; zeros where the pair has no second sequence).
 template <typename T, int PQ, typename RT, typename Buf>
 __device__ __forceinline__ void apply_column_postgate(complex_tile<RT>& acc, const Buf (&g)[2], int seqlen, int p) {
     using Pk = typename kt::packed_of<T>::type;
     const uint32_t base[2] = {g[0].base(), g[1].base()};
-    kt::for_each_pair(acc.re, [&](int i, int j, int k, float2& re) {
-        const int row = i * kt::TILE_DIM + RT::row_in_base(k, 0), col = j * kt::TILE_DIM + RT::col_in_base(k, 0);
-        if (row * PQ + kt::TILE_DIM * p + col >= seqlen) return;
-        float2& im = acc.im.tiles[i][j].data[k];
-        const float2 v0 = kt::convert_pair<float, T>(load_shared_pair<Pk>(base[0] + Buf::offset(row, p, col)));
-        const float2 v1 = kt::convert_pair<float, T>(load_shared_pair<Pk>(base[1] + Buf::offset(row, p, col)));
-        re.x *= v0.x;
-        re.y *= v0.y;
-        im.x *= v1.x;
-        im.y *= v1.y;
-    });
+    multiply_by_gates(
+        acc, seqlen, [&](int row, int col) { return row * PQ + kt::TILE_DIM * p + col; },
+        [&](int row, int col, int) {
+            return gate_pairs{kt::convert_pair<float, T>(load_shared_pair<Pk>(base[0] + Buf::offset(row, p, col))),
+                              kt::convert_pair<float, T>(load_shared_pair<Pk>(base[1] + Buf::offset(row, p, col)))};
+        });
 }
 
 // Rows r < HALF of column p to the pair's output sequences (16-byte stores), skipping elements at
