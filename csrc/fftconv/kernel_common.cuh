@@ -126,15 +126,40 @@ __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool
 
 // cp.async of task t's pair of input sequences into x[0] (re), x[1] (im), and of its pregate's
 // into pre[0], pre[1] when pre is given (nullptr: no pregate): a forward kernel's stage loads.
+// cp.async of a pair's two sequences into x[0] (re) and x[1] (im; zeros for a missing one).
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void load_pair_async(ST (&x)[2], const Pair<const T>& seqs, const Args<T>& a, int thread) {
+    for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], seqs.seq[j], a.seqlen, a.u, thread);
+}
+
 template <int THREADS, int ELEMS, typename ST, typename T>
 __device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, const Args<T>& a, task_position task,
                                                        int thread) {
     const int h = task.h, pair = task.pair;
-    const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
-    for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], u.seq[j], a.seqlen, a.u, thread);
+    load_pair_async<THREADS, ELEMS>(x, a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h), a, thread);
     if (pre != nullptr) {
         const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
         for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(pre[j], g.seq[j], a.seqlen, a.u, thread);
+    }
+}
+
+// cp.async of task t's postgates into g[0], g[1]: the staged-postgate forwards' loads.
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void load_postgates_async(ST (&g)[2], const Args<T>& a, int h, int pair, int thread) {
+    load_pair_async<THREADS, ELEMS>(g, a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h), a, thread);
+}
+
+// cp.async of the filter gradient's task t (pair t % pairs of head t / pairs): the pair of u into
+// x[0], x[1] and of dy into d[0], d[1].
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void load_grad_task_inputs_async(ST (&x)[2], ST (&d)[2], const Args<T>& a, int t,
+                                                            int thread) {
+    const int h = t / a.pairs, pair = t - h * a.pairs;
+    const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
+    const Pair<const T> dy = a.pair_of(a.dy, a.dy_stride_b, a.dy_stride_h, pair, h);
+    for (int j = 0; j < 2; j++) {
+        load_sequence_async<THREADS, ELEMS>(x[j], u.seq[j], a.seqlen, a.u, thread);
+        load_sequence_async<THREADS, ELEMS>(d[j], dy.seq[j], a.seqlen, a.u, thread);
     }
 }
 

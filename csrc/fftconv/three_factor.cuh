@@ -666,8 +666,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, STAGED_POST
         }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if constexpr (STAGED_POSTGATE) {  // a group older than the next task's input
-            const Pair<const T> g = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, pair, h);
-            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*post_stage)[j], g.seq[j], a.seqlen, a.u, thread);
+            load_postgates_async<THREADS, N>(*post_stage, a, h, pair, thread);
             kt::cp_async_commit();
         }
         if (t + 1 < tasks.last) issue_loads(task.next(a.pairs), (i + 1) % C::STAGES);
@@ -750,14 +749,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
     if (tasks.first >= tasks.last) return;
 
     auto issue_loads = [&](int t, int stage) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
-        auto& st = s.stage[stage];
-        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
-        const Pair<const T> dy = a.pair_of(a.dy, a.dy_stride_b, a.dy_stride_h, pair, h);
-        for (int j = 0; j < 2; j++) {
-            load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
-            load_sequence_async<THREADS, N>(st.d[j], dy.seq[j], a.seqlen, a.u, thread);
-        }
+        load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
     };
     issue_loads(tasks.first, 0);
     kt::cp_async_commit();

@@ -203,8 +203,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     auto issue_loads = [&](int stage) {
         load_task_inputs_async<THREADS, N>(s.stage[stage].x, pre != nullptr ? (*pre)[stage] : nullptr, a, loading, thread);
         if constexpr (STAGED_POSTGATE) {
-            const Pair<const T> g = a.pair_of(a.postgate, a.post_stride_b, a.post_stride_h, loading.pair, loading.h);
-            for (int j = 0; j < 2; j++) load_sequence_async<THREADS, N>((*post_stages)[stage][j], g.seq[j], a.seqlen, a.u, thread);
+            load_postgates_async<THREADS, N>((*post_stages)[stage], a, loading.h, loading.pair, thread);
         }
         loading = loading.next(a.pairs);
     };
@@ -337,14 +336,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     if (tasks.first >= tasks.last) return;
 
     auto issue_loads = [&](int t, int stage) {
-        const int h = t / a.pairs, pair = t - h * a.pairs;
-        auto& st = s.stage[stage];
-        const Pair<const T> u = a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h);
-        const Pair<const T> dy = a.pair_of(a.dy, a.dy_stride_b, a.dy_stride_h, pair, h);
-        for (int j = 0; j < 2; j++) {
-            load_sequence_async<THREADS, N>(st.x[j], u.seq[j], a.seqlen, a.u, thread);
-            load_sequence_async<THREADS, N>(st.d[j], dy.seq[j], a.seqlen, a.u, thread);
-        }
+        load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
