@@ -309,6 +309,33 @@ def test_block_pieces_keep_their_filters(cpu_fftconv, transforms):
     assert len(transforms) == 2 * pieces
 
 
+@pytest.mark.parametrize("gates", [False, True])
+@pytest.mark.parametrize("n", [40, 16400], ids=["one call", "blocks"])
+def test_calls_wanting_no_gradient_run_the_kernel_ops_directly(cpu_fftconv, monkeypatch, n, gates):
+    """Where autograd wants no gradient (no operand requires one, or torch.no_grad) tk.fftconv
+    calls the spectrum and forward ops itself, with what tk::fftconv hands them and the same
+    result; where it wants one, every kernel call goes through tk::fftconv (its autograd)."""
+    through_op = []
+    fftconv_op = ops.fftconv_op
+    monkeypatch.setattr(ops, "fftconv_op", lambda *args, **kwargs: through_op.append(args) or fftconv_op(*args, **kwargs))
+    u, k, pre, post = make(b=1, h=2, n=n, nk=n, dtype=torch.bfloat16, gates=gates)
+    k = k.float()
+    y = tk.fftconv(u, k, pre, post)
+    calls = len(cpu_fftconv.calls)
+    assert through_op == [] and calls == sum(block_calls(n, n)) and not y.requires_grad
+    k.requires_grad_()
+    with torch.no_grad():
+        y_no_grad = tk.fftconv(u, k, pre, post)
+    assert through_op == [] and not y_no_grad.requires_grad
+    y_grad = tk.fftconv(u, k, pre, post)
+    assert len(through_op) == calls and y_grad.requires_grad
+    assert torch.equal(y_no_grad, y) and torch.equal(y_grad.detach(), y)
+    direct, op_calls = cpu_fftconv.calls[:calls], cpu_fftconv.calls[2 * calls:]
+    for a, b in zip(direct, op_calls):
+        assert a["fft_size"] == b["fft_size"] and a["conjugate"] == b["conjugate"]
+        assert torch.equal(a["k_spectrum"], b["k_spectrum"]) and torch.equal(a["u"], b["u"])
+
+
 @pytest.mark.parametrize("which", ["u", "u_pregate", "pregate", "postgate", "k"])
 def test_kernel_path_backward_computes_only_what_is_asked(cpu_fftconv, which):
     """Each gradient alone, against the float64 reference's; grad of u without grad of the

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from .. import _scaffold
 from . import blocks, plan, reference
 from .checks import check_arguments
-from .ops import FORWARD, SPECTRUM, fftconv_op
+from .ops import FORWARD, SPECTRUM, convolve, needs_grad
 from .plan import FFTConvPlan
 
 
@@ -57,7 +57,7 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
         y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate, family),
                               family.name)
     else:
-        y, _ = fftconv_op(u, k, pregate, postgate, fft_size, False, family.name)
+        y = convolve(u, k, pregate, postgate, fft_size, False, family.name)
     return y[..., :n] if length != n else y
 
 
@@ -99,9 +99,7 @@ class FFTConv(torch.nn.Module):
         check_arguments(u, k, pregate, postgate)
         if u.shape[-1] > self.seqlen:
             raise ValueError(f"tk.FFTConv: u's length {u.shape[-1]} exceeds seqlen {self.seqlen}")
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (u, k, pregate, postgate))
-        if needs_grad or torch.compiler.is_compiling():
+        if needs_grad(u, k, pregate, postgate) or torch.compiler.is_compiling():
             return fftconv(u, k, pregate, postgate)
         family, fft_size, reason = plan.decide(u, k, pregate, postgate)
         if family is None or u.shape[-1] > fft_size // 2:  # blocks: no spectrum of its own to keep

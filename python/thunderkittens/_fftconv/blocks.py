@@ -19,14 +19,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .ops import fftconv_op
+from .ops import convolve
 
 
 def kernel_piece(*args) -> torch.Tensor:
     """One kernel call of the decomposition. Its filter is one of a few filter blocks that many
     pieces share (P^2 pieces, 2P filters): autograd keeps the filter, not a spectrum per piece."""
-    y, _ = fftconv_op(*args, keep_spectrum=False)
-    return y
+    return convolve(*args, keep_spectrum=False)
 
 
 def kernel_fft_size(length: int, kernel_lengths: tuple[int, ...]) -> int:
