@@ -61,8 +61,8 @@ cudaError_t run(const ForwardParams& p, cudaStream_t stream) {
             if (p.postgate != nullptr && smem + C::postgate_bytes <= p.shared_per_block) {
                 const auto staged = forward_kernel<C, true>();
                 int staged_blocks = 0, plain_blocks = 0;
-                if (blocks_per_sm(staged, C::THREADS, smem + C::postgate_bytes, staged_blocks) == cudaSuccess &&
-                    blocks_per_sm(kernel, C::THREADS, smem, plain_blocks) == cudaSuccess &&
+                if (kt::blocks_per_sm(staged, C::THREADS, smem + C::postgate_bytes, staged_blocks) == cudaSuccess &&
+                    kt::blocks_per_sm(kernel, C::THREADS, smem, plain_blocks) == cudaSuccess &&
                     staged_blocks >= plain_blocks) {
                     kernel = staged;
                     smem += C::postgate_bytes;

@@ -2,9 +2,6 @@
 // tasks over persistent blocks, shared-memory carving, the filter spectrum's loads and the
 // postgate, and the launch.
 #pragma once
-#include <map>
-#include <mutex>
-#include <tuple>
 #include "fftconv/complex_tiles.cuh"
 #include "fftconv/params.h"
 
@@ -373,34 +370,6 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
     return a;
 }
 
-// Blocks of `kernel` that one SM of the current device holds with `smem` bytes of dynamic shared
-// memory each, the kernel's dynamic shared memory raised to `smem` first. Answers are kept per
-// device, kernel and size, so a call after the first queries nothing; a failed query is returned
-// (and cleared from the runtime's last error), not kept.
-template <typename Kernel>
-cudaError_t blocks_per_sm(Kernel kernel, int threads, int smem, int& blocks) {
-    static std::mutex mutex;
-    static std::map<std::tuple<int, const void*, int, int>, int> known;
-    blocks = 0;
-    int device = 0;
-    if (cudaError_t e = cudaGetDevice(&device)) return e;
-    const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), threads, smem);
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = known.find(key); it != known.end()) {
-        blocks = it->second;
-        return cudaSuccess;
-    }
-    cudaError_t e = kt::allow_dynamic_shared_memory(kernel, smem);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        blocks = 0;
-        return e;
-    }
-    known[key] = blocks;
-    return cudaSuccess;
-}
-
 // One wave of persistent blocks, each running an equal share of the tasks in order: a block's
 // setup (DFT matrices and twiddles from sincospif) costs about as much as a few tasks, so it is
 // paid once per block. whole_heads: a block's share is rounded up to whole heads where there
@@ -410,7 +379,7 @@ template <typename T, typename Kernel>
 cudaError_t launch(Kernel kernel, int threads, int smem, Args<T> a, int multiprocessors, bool whole_heads,
                    cudaStream_t stream) {
     int resident_per_sm = 0;
-    if (cudaError_t e = blocks_per_sm(kernel, threads, smem, resident_per_sm)) return e;
+    if (cudaError_t e = kt::blocks_per_sm(kernel, threads, smem, resident_per_sm)) return e;
     const int64_t tasks = int64_t(a.heads) * a.parts * a.pairs;
     if (tasks > 0x7fffffff) return cudaErrorInvalidConfiguration;
     a.tasks = int(tasks);

@@ -1,11 +1,13 @@
-// Launch helpers: a kernel's dynamic shared-memory limit set once per device, and programmatic
-// dependent launch (a kernel launched before the one ahead of it in the stream has finished,
-// waiting for that one's writes on the device; sm_90 and newer).
+// Launch helpers: a kernel's dynamic shared-memory limit set once per device, its blocks per SM
+// queried once per device and size, and programmatic dependent launch (a kernel launched before
+// the one ahead of it in the stream has finished, waiting for that one's writes on the device;
+// sm_90 and newer).
 #pragma once
 #include <cuda_runtime.h>
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace kittens {
@@ -30,6 +32,42 @@ inline cudaError_t allow_dynamic_shared_memory(const void* kernel, int bytes) {
 template <typename... Args>
 cudaError_t allow_dynamic_shared_memory(void (*kernel)(Args...), int bytes) {
     return allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
+}
+
+// Host: how many blocks of `kernel` (`threads` threads and `smem` bytes of dynamic shared memory
+// each) one SM of the current device holds, the kernel's dynamic shared-memory limit raised to
+// `smem` first. An answer is kept per (device, kernel, threads, smem), so a launch after the
+// first queries nothing; a failed query is returned (and cleared from the runtime's last error),
+// not kept.
+inline cudaError_t blocks_per_sm(const void* kernel, int threads, int smem, int& blocks) {
+    static std::mutex mutex;
+    static std::map<std::tuple<int, const void*, int, int>, int> known;
+    blocks = 0;
+    int device = 0;
+    if (cudaError_t e = cudaGetDevice(&device)) return e;
+    const auto key = std::make_tuple(device, kernel, threads, smem);
+    {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (auto it = known.find(key); it != known.end()) {
+            blocks = it->second;
+            return cudaSuccess;
+        }
+    }
+    cudaError_t e = allow_dynamic_shared_memory(kernel, smem);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        blocks = 0;
+        return e;
+    }
+    const std::lock_guard<std::mutex> lock(mutex);
+    known[key] = blocks;
+    return cudaSuccess;
+}
+
+template <typename... Args>
+cudaError_t blocks_per_sm(void (*kernel)(Args...), int threads, int smem, int& blocks) {
+    return blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem, blocks);
 }
 
 // Device, in a kernel launched with the attribute below: waits until the grid before it in the
