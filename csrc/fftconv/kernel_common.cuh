@@ -121,14 +121,14 @@ __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool
 
 // ---- a task's inputs --------------------------------------------------------------------------
 
-// cp.async of task t's pair of input sequences into x[0] (re), x[1] (im), and of its pregate's
-// into pre[0], pre[1] when pre is given (nullptr: no pregate): a forward kernel's stage loads.
 // cp.async of a pair's two sequences into x[0] (re) and x[1] (im; zeros for a missing one).
 template <int THREADS, int ELEMS, typename ST, typename T>
 __device__ __forceinline__ void load_pair_async(ST (&x)[2], const Pair<const T>& seqs, const Args<T>& a, int thread) {
     for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], seqs.seq[j], a.seqlen, a.u, thread);
 }
 
+// cp.async of task t's pair of input sequences into x[0] (re), x[1] (im), and of its pregate's
+// into pre[0], pre[1] when pre is given (nullptr: no pregate): a forward kernel's stage loads.
 template <int THREADS, int ELEMS, typename ST, typename T>
 __device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, const Args<T>& a, task_position task,
                                                        int thread) {
