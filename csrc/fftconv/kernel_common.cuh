@@ -123,7 +123,7 @@ __device__ __forceinline__ float2 spectrum_value(const float2* half, int f, bool
 
 // cp.async of a pair's two sequences into x[0] (re) and x[1] (im; zeros for a missing one).
 template <int THREADS, int ELEMS, typename ST, typename T>
-__device__ __forceinline__ void load_pair_async(ST (&x)[2], const Pair<const T>& seqs, const Args<T>& a, int thread) {
+__device__ __forceinline__ void load_pair_async(ST* x, const Pair<const T>& seqs, const Args<T>& a, int thread) {
     for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(x[j], seqs.seq[j], a.seqlen, a.u, thread);
 }
 
@@ -134,10 +134,8 @@ __device__ __forceinline__ void load_task_inputs_async(ST (&x)[2], ST* pre, cons
                                                        int thread) {
     const int h = task.h, pair = task.pair;
     load_pair_async<THREADS, ELEMS>(x, a.pair_of(a.u, a.u_stride_b, a.u_stride_h, pair, h), a, thread);
-    if (pre != nullptr) {
-        const Pair<const T> g = a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h);
-        for (int j = 0; j < 2; j++) load_sequence_async<THREADS, ELEMS>(pre[j], g.seq[j], a.seqlen, a.u, thread);
-    }
+    if (pre != nullptr)
+        load_pair_async<THREADS, ELEMS>(pre, a.pair_of(a.pregate, a.pre_stride_b, a.pre_stride_h, pair, h), a, thread);
 }
 
 // cp.async of task t's postgates into g[0], g[1]: the staged-postgate forwards' loads.

@@ -113,8 +113,8 @@ struct ThreeFactor {
         float scratch[WARPS];
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
-    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
-    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStage>() - 1024;
+    static constexpr int pregate_bytes = kt::added_shared_bytes_for<PreStages>();
+    static constexpr int postgate_bytes = kt::added_shared_bytes_for<PostStage>();
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 

@@ -101,7 +101,7 @@ struct ThreeFactorLarge {
     using PostStage = post_buffer[2];
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = 0;  // the pregate lands in the buffer
-    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStage>() - 1024;
+    static constexpr int postgate_bytes = kt::added_shared_bytes_for<PostStage>();
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 

@@ -77,7 +77,7 @@ struct ThreeFactorWgmma {
     };
     using PreStages = seq_tile[STAGES][2];
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
-    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
+    static constexpr int pregate_bytes = kt::added_shared_bytes_for<PreStages>();
 };
 
 template <typename C>

@@ -65,8 +65,8 @@ struct TwoFactor {
         float scratch[WARPS];
     };
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
-    static constexpr int pregate_bytes = kt::shared_bytes_for<PreStages>() - 1024;
-    static constexpr int postgate_bytes = kt::shared_bytes_for<PostStages>() - 1024;
+    static constexpr int pregate_bytes = kt::added_shared_bytes_for<PreStages>();
+    static constexpr int postgate_bytes = kt::added_shared_bytes_for<PostStages>();
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
 };
 

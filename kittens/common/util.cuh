@@ -49,11 +49,17 @@ struct shared_allocator {
     }
 };
 
+// Dynamic shared memory that allocations add to a kernel's request, each rounded up as
+// shared_allocator places it (optional stages allocated after a kernel's own layout).
+template <typename... Ts>
+constexpr int added_shared_bytes_for() {
+    return int((((sizeof(Ts) + 1023) / 1024 * 1024) + ... + size_t(0)));
+}
+
 // Dynamic shared memory a kernel must request for a list of allocations.
 template <typename... Ts>
 constexpr int shared_bytes_for() {
-    constexpr size_t rounded = (((sizeof(Ts) + 1023) / 1024 * 1024) + ... + size_t(0));
-    return int(rounded + 1024);  // +1024: slack to align the dynamic shared memory base
+    return added_shared_bytes_for<Ts...>() + 1024;  // +1024: slack to align the dynamic shared memory base
 }
 
 }  // namespace kittens
