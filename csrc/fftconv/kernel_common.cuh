@@ -318,6 +318,28 @@ __device__ __forceinline__ void scaled_copy(complex_tile<D>& d, const complex_ti
     });
 }
 
+// A head's (or a head part's) accumulated spectra sum[0 .. COUNT), scaled by one block-uniform
+// power of two (block_scale) into the 16-bit tiles that inverse(z, j) transforms, then zeroed
+// for the next head. Returns the scale; block_scale's barriers come first, so every warp is done
+// with the task before.
+template <typename Op, int WARPS, typename Acc, int COUNT, typename Inverse>
+__device__ __forceinline__ float inverse_of_sums(complex_tile<Acc> (&sum)[COUNT], float* scratch,
+                                                 Inverse&& inverse) {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < COUNT; j++) m = max_abs(sum[j], m);
+    const float scale = block_scale<WARPS>(m, scratch);
+#pragma unroll
+    for (int j = 0; j < COUNT; j++) {
+        complex_tile<Op> z;
+        scaled_copy(z, sum[j], scale);
+        inverse(z, j);
+        kt::zero(sum[j].re);
+        kt::zero(sum[j].im);
+    }
+    return scale;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Launch
 // ---------------------------------------------------------------------------------------------

@@ -793,18 +793,10 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         if (t + 1 < tasks.last && (t + 1) % a.pairs != 0) continue;
 
         // The head's last task in this block: its share of the gradient. Uniform over the block.
-        float m = 0.f;
-#pragma unroll
-        for (int j = 0; j < KR_PER_WARP; j++) m = max_abs(sum[j], m);
-        const float scale = block_scale<WARPS>(m, s.scratch);
-#pragma unroll
-        for (int j = 0; j < KR_PER_WARP; j++) {
-            complex_tile<typename C::sub16> z;
-            scaled_copy(z, sum[j], scale);
-            tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j, warp + WARPS * j, twiddle2_fragment(s.tab.twiddle2));
-            kt::zero(sum[j].re);
-            kt::zero(sum[j].im);
-        }
+        const float scale = inverse_of_sums<typename C::sub16, WARPS>(
+            sum, s.scratch, [&](complex_tile<typename C::sub16>& z, int j) {
+                tile_inverse<C>(z, f16, s.tab, s.bu, warp + WARPS * j, warp + WARPS * j, twiddle2_fragment(s.tab.twiddle2));
+            });
         __syncthreads();
         const float out_scale = sqrtf(float(L)) / scale;  // see two_factor_filter_grad
         float* grad = a.grad + int64_t(h) * a.seqlen;

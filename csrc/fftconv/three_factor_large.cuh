@@ -510,19 +510,12 @@ __global__ void __launch_bounds__(ThreeFactorLarge<T, R, WARPS>::THREADS, 1)
         }
 
         // The part's last task in this block: its share of the gradient. Uniform over the block.
-        float m = 0.f;
-#pragma unroll
-        for (int j = 0; j < KR_PER_WARP; j++) m = max_abs(sum[j], m);
-        const float scale = block_scale<WARPS>(m, s.scratch);  // its barrier: phase 2's reads done
-#pragma unroll
-        for (int j = 0; j < KR_PER_WARP; j++) {
-            const int slot = warp + WARPS * j;
-            complex_tile<typename C::sub16> z;
-            scaled_copy(z, sum[j], scale);
-            tile_inverse<C>(z, f16, s.tab, s.bu, part * PART_ROWS + slot, slot, twiddle2_fragment(s.tab.twiddle2));
-            kt::zero(sum[j].re);
-            kt::zero(sum[j].im);
-        }
+        // block_scale's barrier inside: phase 2's reads of s.bu are done before the inverse writes it.
+        const float scale = inverse_of_sums<typename C::sub16, WARPS>(
+            sum, s.scratch, [&](complex_tile<typename C::sub16>& z, int j) {
+                const int slot = warp + WARPS * j;
+                tile_inverse<C>(z, f16, s.tab, s.bu, part * PART_ROWS + slot, slot, twiddle2_fragment(s.tab.twiddle2));
+            });
         __syncthreads();
         const float out_scale = sqrtf(float(L)) / scale;  // see two_factor_filter_grad
         float* grad = a.grad + int64_t(h) * a.seqlen;

@@ -388,18 +388,8 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         if (t + 1 < tasks.last && (t + 1) % a.pairs != 0) continue;
 
         // The head's last task in this block: its share of the gradient. Uniform over the block.
-        float m = 0.f;
-#pragma unroll
-        for (int sti = 0; sti < STRIPS; sti++) m = max_abs(sum[sti], m);
-        const float scale = block_scale<WARPS>(m, s.scratch);
-#pragma unroll
-        for (int sti = 0; sti < STRIPS; sti++) {
-            complex_tile<typename C::strip_op> z;
-            scaled_copy(z, sum[sti], scale);
-            w.inverse(z, sti, s.u, warp);
-            kt::zero(sum[sti].re);
-            kt::zero(sum[sti].im);
-        }
+        const float scale = inverse_of_sums<typename C::strip_op, WARPS>(
+            sum, s.scratch, [&](complex_tile<typename C::strip_op>& z, int sti) { w.inverse(z, sti, s.u, warp); });
         __syncthreads();  // every strip of u written
         // Forward and inverse carry 1/sqrt(L) each, the product of two forward transforms 1/L:
         // the inverse's output is scale * ifft(S) / sqrt(L).
