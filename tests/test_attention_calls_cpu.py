@@ -287,7 +287,7 @@ def test_compiled_calls_are_traced_not_cached(cpu_kernel, decides):
         return tk.attention(q, k, v, scale=0.125, enable_gqa=True)
 
     out = step(q, k, v)
-    assert len(calls._entries) == 0
+    assert len(calls._cache) == 0
     torch.testing.assert_close(out, tk.attention(q, k, v, scale=0.125, enable_gqa=True))
 
 
@@ -302,8 +302,8 @@ def test_explain_agrees_with_the_cached_call(cpu_kernel, decides):
 
 
 def test_the_cache_is_bounded(cpu_kernel, decides, monkeypatch):
-    monkeypatch.setattr(calls, "MAX_ENTRIES", 4)
+    monkeypatch.setattr(calls._cache, "max_entries", 4)
     q, k, v = decode_step()
     for scale in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
         prepared(q, k, v, scale=scale)
-        assert len(calls._entries) <= 4
+        assert len(calls._cache) <= 4

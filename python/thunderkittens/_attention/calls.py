@@ -19,7 +19,7 @@ The key holds everything plan.decide reads, so a cached answer is the one decide
   and the kernel choice (use_kernel's innermost block, else TK_ATTENTION_KERNEL as set now);
 * the process-wide facts the decision reads (the kernels' device type, the GPU's capability, the
   build's ops and targets, the families, the decode thresholds): fixed while a process runs, but
-  the CPU suite patches them, and any change empties the cache (_world).
+  the CPU suite patches them, and any change empties the cache (_decisions.DecisionCache).
 
 A call with an attn_mask, inputs other than 4-D plain tensors (FakeTensor, nested, ...) and
 everything under torch.compile (dynamo traces plan.decide itself and guards on what it reads)
@@ -34,7 +34,8 @@ from typing import NamedTuple
 import torch
 from torch._ops import OpOverload
 
-from .. import _config, _extension, _scaffold
+from .. import _scaffold
+from .._decisions import DecisionCache
 from . import decode, plan
 from .ops import forward_op
 
@@ -51,27 +52,13 @@ class Call(NamedTuple):
     lower_right: bool = False
 
 
-#: Entries kept before the cache is emptied (a process makes a handful of layouts).
-MAX_ENTRIES = 256
-
-_ENV_VAR = _config.env_var_for("attention")
-_entries: dict[tuple, Call] = {}
-_world_seen: tuple = ()
+def _decode_thresholds() -> tuple:
+    return decode.AUTO_MAX_LEN_Q, decode.AUTO_MIN_LEN_KV, decode.DECODE_MAX_LEN_Q
 
 
-def _world() -> tuple:
-    """What the decision reads besides the call: module globals, constant in a process (the CPU
-    suite patches them). Keep it in step with plan.decide."""
-    return (_scaffold.KERNEL_DEVICE_TYPE, _scaffold.KERNEL_DTYPES, _scaffold.device_capability,
-            _scaffold._FAMILIES, _scaffold._BY_NAME, _extension.BUILT_OPS, _extension.BUILT_ARCHS,
-            _extension._TARGETS, _extension.has_kernel_image_for,
-            _extension.has_arch_specific_code_for, decode.AUTO_MAX_LEN_Q, decode.AUTO_MIN_LEN_KV,
-            decode.DECODE_MAX_LEN_Q)
-
-
-def clear() -> None:
-    """Forget every cached decision."""
-    _entries.clear()
+_cache = DecisionCache("attention", _decode_thresholds)
+#: Forget every cached decision.
+clear = _cache.clear
 
 
 # Bound once: this runs on every call (dynamo knows is_compiling by identity).
@@ -94,7 +81,6 @@ def cache_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         if len(q_shape) != 4 or len(k_shape) != 4 or len(v_shape) != 4:
             return None
         len_kv = k_shape[2]
-        stack = _config._kernel_stack["attention"]
         return (q_shape, query.stride(), query.dtype, query.device, query.requires_grad,
                 k_shape[0], k_shape[1], k_shape[3], key.dtype, key.device, key.requires_grad,
                 v_shape[0], v_shape[1], v_shape[3], value.dtype, value.device, value.requires_grad,
@@ -103,7 +89,7 @@ def cache_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
                 0 if len_kv < 1 else 1 if len_kv < decode.AUTO_MIN_LEN_KV else 2,
                 key.is_contiguous() and value.is_contiguous(),
                 _is_grad_enabled(), is_causal, enable_gqa, dropout_p, scale,
-                stack[-1] if stack else _config.environ_value(_ENV_VAR))
+                _cache.choice())
     except RuntimeError:  # tensors without sizes or strides (nested, sparse): decided afresh
         return None
 
@@ -111,22 +97,15 @@ def cache_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Call:
     """The Call for these arguments (raising as tk.attention does for bad ones): cached, or
     decided now (and cached when the call has a key)."""
-    global _world_seen
     found_key = cache_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if found_key is not None:
-        world = _world()
-        if world != _world_seen:
-            _entries.clear()
-            _world_seen = world
-        found = _entries.get(found_key)
+        found = _cache.get(found_key)
         if found is not None:
             return found
     decision = plan.decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     call = _call(decision, query, key, value, scale, found_key is not None)
     if found_key is not None:
-        if len(_entries) >= MAX_ENTRIES:
-            _entries.clear()
-        _entries[found_key] = call
+        _cache.put(found_key, call)
     return call
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _scaffold
-from . import blocks, plan, reference
+from . import blocks, calls, plan, reference
 from .checks import check_arguments
 from .ops import FORWARD, SPECTRUM, convolve, needs_grad
 from .plan import FFTConvPlan
@@ -19,10 +19,6 @@ def _padded(t: torch.Tensor | None, length: int) -> torch.Tensor | None:
         return None
     pad = length - t.shape[-1]
     return _scaffold.operand(F.pad(t, (0, pad)) if pad else t)
-
-
-def _padded_length(n: int) -> int:
-    return -(-n // plan.LENGTH_MULTIPLE) * plan.LENGTH_MULTIPLE
 
 
 def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = None,
@@ -45,19 +41,20 @@ def fftconv(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = Non
     gradient of u is the correlation with k, the forward kernel with the conjugate spectrum; the
     filter's is a correlation summed over the batch, a kernel of its own).
     """
-    check_arguments(u, k, pregate, postgate)
-    family, fft_size, reason = plan.decide(u, k, pregate, postgate)
-    if family is None:
-        _scaffold.fallback_or_raise(FFTConvPlan, reason)
+    return _run(calls.prepare(u, k, pregate, postgate), u, k, pregate, postgate)
+
+
+def _run(call: calls.Call, u, k, pregate, postgate) -> torch.Tensor:
+    """tk.fftconv once calls.prepare has made ``call`` of the same arguments."""
+    if call.family is None:
+        _scaffold.fallback_or_raise(FFTConvPlan, call.reason)
         return reference.causal_conv(u, k, pregate, postgate)
-    n = u.shape[-1]
-    length = _padded_length(n)
+    n, length = u.shape[-1], call.length
     u, pregate, postgate = (_padded(t, length) for t in (u, pregate, postgate))
-    if length > fft_size // 2:  # longer than the longest kernel this GPU runs: blocks of it
-        y = blocks.block_conv(u, k, pregate, postgate, plan.device_lengths(u, pregate, postgate, family),
-                              family.name)
+    if call.lengths is not None:  # longer than the longest kernel this GPU runs: blocks of it
+        y = blocks.block_conv(u, k, pregate, postgate, call.lengths, call.family.name)
     else:
-        y = convolve(u, k, pregate, postgate, fft_size, False, family.name)
+        y = convolve(u, k, pregate, postgate, call.fft_size, False, call.family.name)
     return y[..., :n] if length != n else y
 
 
@@ -96,24 +93,21 @@ class FFTConv(torch.nn.Module):
 
     def forward(self, u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None = None,
                 postgate: torch.Tensor | None = None) -> torch.Tensor:
-        check_arguments(u, k, pregate, postgate)
+        call = calls.prepare(u, k, pregate, postgate)
         if u.shape[-1] > self.seqlen:
             raise ValueError(f"tk.FFTConv: u's length {u.shape[-1]} exceeds seqlen {self.seqlen}")
-        if needs_grad(u, k, pregate, postgate) or torch.compiler.is_compiling():
-            return fftconv(u, k, pregate, postgate)
-        family, fft_size, reason = plan.decide(u, k, pregate, postgate)
-        if family is None or u.shape[-1] > fft_size // 2:  # blocks: no spectrum of its own to keep
-            return fftconv(u, k, pregate, postgate)
-        key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, fft_size)
+        if (call.family is None or call.lengths is not None  # blocks: no spectrum of their own to keep
+                or needs_grad(u, k, pregate, postgate) or torch.compiler.is_compiling()):
+            return _run(call, u, k, pregate, postgate)
+        key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, call.fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None
         if cached is not k or key != self._cached_key:
-            self._cached_spectrum = SPECTRUM(k, fft_size)
+            self._cached_spectrum = SPECTRUM(k, call.fft_size)
             self._cached_filter = weakref.ref(k)
             self._cached_key = key
-        n = u.shape[-1]
-        length = _padded_length(n)
-        y = FORWARD[family.name](_padded(u, length), self._cached_spectrum, _padded(pregate, length),
-                    _padded(postgate, length), fft_size)
+        n, length = u.shape[-1], call.length
+        y = FORWARD[call.family.name](_padded(u, length), self._cached_spectrum, _padded(pregate, length),
+                                      _padded(postgate, length), call.fft_size)
         return y[..., :n] if length != n else y
 
     def extra_repr(self) -> str:
