@@ -172,6 +172,20 @@ def pretend_sm90_build(monkeypatch, op):
         monkeypatch.setattr(_extension, "_TARGETS", _extension._TARGETS + ((9, 0, "a", False),))
 
 
+def counting_decisions(monkeypatch, calls, plan):
+    """Empties an op's decision cache (its ``calls`` module) and counts its ``plan.decide``'s
+    calls (the cache's misses) from here on; returns the counter, {"n": count}."""
+    calls.clear()
+    counter = {"n": 0}
+    real = plan.decide
+
+    def counting(*args):
+        counter["n"] += 1
+        return real(*args)
+    monkeypatch.setattr(plan, "decide", counting)
+    return counter
+
+
 @pytest.fixture
 def cpu_kernel(monkeypatch):
     standin = AttentionStandIn(monkeypatch)

@@ -14,6 +14,8 @@ from thunderkittens import _extension, _scaffold
 from thunderkittens._attention import api, calls, decode, ops, plan
 from thunderkittens.errors import FallbackError
 
+from conftest import counting_decisions
+
 DECIDE = plan.decide  # uncounted (the ``decides`` fixture counts the cache's calls of it)
 
 
@@ -34,15 +36,7 @@ ARGS = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=0.125, enable_
 @pytest.fixture
 def decides(monkeypatch):
     """Counts plan.decide's calls (the cache's misses) from here on, on an empty cache."""
-    calls.clear()
-    counter = {"n": 0}
-    real = plan.decide
-
-    def counting(*args):
-        counter["n"] += 1
-        return real(*args)
-    monkeypatch.setattr(plan, "decide", counting)
-    yield counter
+    yield counting_decisions(monkeypatch, calls, plan)
     calls.clear()
 
 

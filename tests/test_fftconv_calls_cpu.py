@@ -10,6 +10,7 @@ import torch
 import thunderkittens as tk
 from thunderkittens._fftconv import calls, plan
 
+from conftest import counting_decisions
 from test_fftconv_cpu import by_definition, conforming, cpu_fftconv, make  # noqa: F401 (a fixture)
 
 DECIDE = plan.decide  # uncounted (the ``decides`` fixture counts the cache's calls of it)
@@ -18,14 +19,7 @@ DECIDE = plan.decide  # uncounted (the ``decides`` fixture counts the cache's ca
 @pytest.fixture
 def decides(monkeypatch):
     """Counts plan.decide's calls (the cache's misses) from here on, on an empty cache."""
-    calls.clear()
-    counter = {"n": 0}
-
-    def counting(*args):
-        counter["n"] += 1
-        return DECIDE(*args)
-    monkeypatch.setattr(plan, "decide", counting)
-    yield counter
+    yield counting_decisions(monkeypatch, calls, plan)
     calls.clear()
 
 
