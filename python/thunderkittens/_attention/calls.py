@@ -98,15 +98,13 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     """The Call for these arguments (raising as tk.attention does for bad ones): cached, or
     decided now (and cached when the call has a key)."""
     found_key = cache_key(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if found_key is not None:
-        found = _cache.get(found_key)
-        if found is not None:
-            return found
+    return _cache.decided(found_key, _decide, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                          enable_gqa, found_key is not None)
+
+
+def _decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, keyed: bool) -> Call:
     decision = plan.decide(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    call = _call(decision, query, key, value, scale, found_key is not None)
-    if found_key is not None:
-        _cache.put(found_key, call)
-    return call
+    return _call(decision, query, key, value, scale, keyed)
 
 
 def _call(decision: plan.Decision, query, key, value, scale, keyed: bool) -> Call:

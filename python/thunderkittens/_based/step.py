@@ -19,11 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import _config, _scaffold
-from .._scaffold import KernelFamily, Plan
-from . import reference
-from .api import _compute_dtype, _scale_or_default
-from .checks import check_arguments
-from .plan import SM80, first_requiring_grad, unsupported_shape_reason
+from .._scaffold import Plan
+from . import reference, step_calls
+from .api import _compute_dtype
+from .step_calls import check_step_arguments, decide
 
 STEP = torch.ops.tk.based_step_sm80.default
 STEP_INPLACE = torch.ops.tk.based_step_inplace_sm80.default
@@ -50,28 +49,6 @@ class BasedStepPlan(Plan):
             parts.append("normalized")
         parts.append("in place" if self.inplace else "-> new state")
         return parts
-
-
-def decide(q, k, v, state) -> tuple[KernelFamily | None, str | None]:
-    """(family, None) for the step kernel, (None, reason) for PyTorch ops. The arguments have
-    passed checks.check_arguments."""
-    reason = unsupported_shape_reason(q, v)
-    if reason is not None:
-        return None, reason
-    if state.dtype != torch.float32:
-        return None, f"state dtype {state.dtype} is not supported by the kernel (float32 only)"
-    family, reason = _scaffold.choose_family("based", q.device)
-    if family is None:
-        return None, reason
-    # The step kernel is the sm80 family's (CUDA cores, every GPU from sm_80 on): it is what runs
-    # where the forward would take the sm90 kernel.
-    family = SM80
-    name = first_requiring_grad(("q", "k", "v", "state"), q, k, v, state)
-    if name is not None:
-        return None, (f"{_scaffold.forced_prefix(family)}{name} requires grad and the based_step "
-                      "kernel has no backward; under torch.no_grad() or torch.inference_mode() the "
-                      "kernel runs")
-    return family, None
 
 
 def _updates_in_place(state: torch.Tensor) -> bool:
@@ -119,20 +96,14 @@ def based_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
     makes the PyTorch path an error. For a long piece (prefill), tk.based with initial_state is
     the faster path.
     """
-    check_arguments("tk.based_step", q, k, v, scale, normalize, eps, state, "state")
-    if not isinstance(inplace, bool):
-        raise TypeError(f"tk.based_step: inplace must be a bool, got {type(inplace).__name__}")
-    scale = _scale_or_default(scale, q.shape[-1])
-    if q.shape[2] == 0:  # no tokens: nothing to compute on any path
-        return reference_step(q, k, v, state, scale, normalize, eps, inplace)
-    family, reason = decide(q, k, v, state)
-    if family is None:
-        _scaffold.fallback_or_raise(BasedStepPlan, reason)
-        return reference_step(q, k, v, state, scale, normalize, eps, inplace)
-    eps = float(eps)
+    call = step_calls.prepare(q, k, v, state, scale, normalize, eps, inplace)
+    if call.family is None:
+        if not call.no_tokens:  # no tokens: nothing to compute on any path
+            _scaffold.fallback_or_raise(BasedStepPlan, call.reason)
+        return reference_step(q, k, v, state, call.scale, normalize, call.eps, inplace)
     if inplace and _updates_in_place(state):
-        return STEP_INPLACE(q, k, v, state, scale, normalize, eps), state
-    out, new_state = STEP(q, k, v, state, scale, normalize, eps)
+        return STEP_INPLACE(q, k, v, state, call.scale, normalize, call.eps), state
+    out, new_state = STEP(q, k, v, state, call.scale, normalize, call.eps)
     if inplace:
         return out, state.copy_(new_state)
     return out, new_state
@@ -145,9 +116,7 @@ def explain_based_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state:
     is one line, e.g. ``kernel tk.based_step_inplace_sm80 [sm80 CUDA cores] bf16 dv=64 tokens=1
     in place`` or ``fallback PyTorch ops: state dtype torch.float64 is not supported by the
     kernel (float32 only)``. Raises the same argument errors as ``based_step``; runs nothing."""
-    check_arguments("tk.based_step", q, k, v, scale, normalize, eps, state, "state")
-    if not isinstance(inplace, bool):
-        raise TypeError(f"tk.based_step: inplace must be a bool, got {type(inplace).__name__}")
+    check_step_arguments(q, k, v, state, scale, normalize, eps, inplace)
     family, reason = decide(q, k, v, state)
     op = None
     if family is not None:

@@ -73,19 +73,11 @@ def cache_key(u, k, pregate, postgate) -> tuple | None:
 def prepare(u, k, pregate, postgate) -> Call:
     """The Call for these arguments (raising as tk.fftconv does for bad ones): cached, or
     decided now (and cached when the call has a key)."""
-    key = cache_key(u, k, pregate, postgate)
-    if key is not None:
-        found = _cache.get(key)
-        if found is not None:
-            return found
-    check_arguments(u, k, pregate, postgate)
-    call = _decide(u, k, pregate, postgate)
-    if key is not None:
-        _cache.put(key, call)
-    return call
+    return _cache.decided(cache_key(u, k, pregate, postgate), _decide, u, k, pregate, postgate)
 
 
 def _decide(u, k, pregate, postgate) -> Call:
+    check_arguments(u, k, pregate, postgate)
     family, fft_size, reason = plan.decide(u, k, pregate, postgate)
     n = u.shape[-1]
     length = -(-n // plan.LENGTH_MULTIPLE) * plan.LENGTH_MULTIPLE
