@@ -41,6 +41,17 @@ def test_a_layer_loop_decides_once(cpu_fftconv, decides):
     assert decides["n"] == 1 and len(cpu_fftconv.calls) == 12
 
 
+def test_a_parameter_filter_decides_once(cpu_fftconv, decides):
+    """A module's filter parameter, in inference and in training."""
+    u, k, _, _ = make(b=2, h=3, n=1000, dtype=torch.bfloat16)
+    k = torch.nn.Parameter(k.float())
+    with torch.no_grad():
+        ys = [tk.fftconv(u, k) for _ in range(3)]
+    y = tk.fftconv(u, k)
+    y.backward(torch.randn_like(y))
+    assert decides["n"] == 1 and k.grad is not None and all(torch.equal(y.detach(), other) for other in ys)
+
+
 def test_the_module_decides_once_and_keeps_its_spectrum(cpu_fftconv, decides):
     module = tk.FFTConv(1000)
     u, k, pre, post = make(b=2, h=3, n=1000, dtype=torch.bfloat16, gates=True)
@@ -154,7 +165,7 @@ def test_strict_mode_is_read_on_every_call(decides):
 def test_calls_that_are_not_plain_tensors_are_decided_afresh(cpu_fftconv, decides):
     u, k, _, _ = make(b=2, h=3, n=64, dtype=torch.bfloat16)
     assert calls.cache_key(u, k, None, None) is not None
-    assert calls.cache_key(u, k, u, torch.nn.Parameter(u.float()).bfloat16()) is not None
+    assert calls.cache_key(u, torch.nn.Parameter(k), None, torch.nn.Parameter(u)) is not None
     assert calls.cache_key(u, k, "gate", None) is None
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode() as mode:

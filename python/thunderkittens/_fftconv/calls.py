@@ -10,8 +10,8 @@ of u, k and the gates (and which gates are given), and the kernel choice; the pr
 (the GPU's shared memory per block, the kernels' shared-memory table, the families and the
 build) empty the cache when they change (_decisions.DecisionCache). Not in the key, read on
 every call: strides and data pointers (whether an operand is read in place or copied),
-whether a gradient is wanted, and strict mode. Calls with other than plain tensors (None for a
-gate) and everything under torch.compile (dynamo traces plan.decide and guards on what it
+whether a gradient is wanted, and strict mode. Calls with other than plain tensors or
+parameters (None for a gate) and everything under torch.compile (dynamo traces plan.decide and guards on what it
 reads) are decided afresh each time.
 """
 
@@ -50,6 +50,7 @@ clear = _cache.clear
 
 # Bound once: this runs on every call (dynamo knows is_compiling by identity).
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -57,11 +58,15 @@ def _gate_key(gate) -> tuple | None:
     return None if gate is None else (gate.shape, gate.dtype, gate.device)
 
 
+def _plain(t) -> bool:
+    # A filter is often a module's parameter: nn.Parameter is a tensor like any other here.
+    return type(t) is _Tensor or type(t) is _Parameter
+
+
 def cache_key(u, k, pregate, postgate) -> tuple | None:
     """The key of a call (see the module's docstring), or None for a call that is not cached."""
-    if (type(u) is not _Tensor or type(k) is not _Tensor
-            or (pregate is not None and type(pregate) is not _Tensor)
-            or (postgate is not None and type(postgate) is not _Tensor) or _is_compiling()):
+    if (not _plain(u) or not _plain(k) or (pregate is not None and not _plain(pregate))
+            or (postgate is not None and not _plain(postgate)) or _is_compiling()):
         return None
     try:
         return (u.shape, u.dtype, u.device, k.shape, k.dtype, k.device, _gate_key(pregate),
