@@ -3,9 +3,9 @@ _based/step_calls.py).
 
 A model makes the same few calls over and over (a decoding step, a layer's convolution), and
 deciding each afresh (argument checks, the kernel family, the kernel lengths a GPU runs) costs
-more host time than the kernel launch. A DecisionCache maps a call's key to what was decided
-for it (``decided``). The key must hold everything the decision reads of the call, and the kernel choice
-(``choice()``); what it reads of the process (module globals, constant while a
+more host time than the kernel launch. A DecisionCache maps a call's key to what was decided for
+it (``decided``). The key must hold everything the decision reads of the call, and the kernel
+choice (``choice()``); what the decision reads of the process (module globals, constant while a
 process runs, which the CPU suite patches) empties the cache whenever it changes.
 """
 

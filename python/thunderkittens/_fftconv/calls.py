@@ -9,9 +9,9 @@ The key holds everything check_arguments and plan.decide read: the shapes, dtype
 of u, k and the gates (and which gates are given), and the kernel choice; the process-wide facts
 (the GPU's shared memory per block, the kernels' shared-memory table, the families and the
 build) empty the cache when they change (_decisions.DecisionCache). Not in the key, read on
-every call: strides and data pointers (whether an operand is read in place or copied),
-whether a gradient is wanted, and strict mode. Calls with other than plain tensors or
-parameters (None for a gate) and everything under torch.compile (dynamo traces plan.decide and guards on what it
+every call: strides and data pointers (whether an operand is read in place or copied), whether
+a gradient is wanted, and strict mode. Calls with other than plain tensors or parameters (None
+for a gate) and everything under torch.compile (dynamo traces plan.decide and guards on what it
 reads) are decided afresh each time.
 """
 
