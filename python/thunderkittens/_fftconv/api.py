@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from .. import _scaffold
 from . import blocks, calls, plan, reference
 from .checks import check_arguments
-from .ops import FORWARD, SPECTRUM, convolve, needs_grad
+from .ops import FORWARD, SPECTRUM, convolve, runs_ops_directly
 from .plan import FFTConvPlan
 
 
@@ -97,7 +97,7 @@ class FFTConv(torch.nn.Module):
         if u.shape[-1] > self.seqlen:
             raise ValueError(f"tk.FFTConv: u's length {u.shape[-1]} exceeds seqlen {self.seqlen}")
         if (call.family is None or call.lengths is not None  # blocks: no spectrum of their own to keep
-                or needs_grad(u, k, pregate, postgate) or torch.compiler.is_compiling()):
+                or not runs_ops_directly(u, k, pregate, postgate)):
             return _run(call, u, k, pregate, postgate)
         key = (k._version, tuple(k.shape), tuple(k.stride()), k.dtype, k.device, call.fft_size)
         cached = self._cached_filter() if self._cached_filter is not None else None

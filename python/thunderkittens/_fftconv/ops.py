@@ -145,13 +145,17 @@ def _backward(ctx, grad, _grad_spectrum):
 fftconv_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def needs_grad(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd will want a gradient of any of ``tensors`` (None ones skipped)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-# Bound once: convolve runs on every call (dynamo knows is_compiling by identity).
+# Bound once: this runs on every call (dynamo knows is_compiling by identity).
 _is_compiling = torch.compiler.is_compiling
+
+
+def runs_ops_directly(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call on these operands (None ones skipped) may run the kernel ops itself rather
+    than tk::fftconv: autograd will want no gradient of any of them, and torch.compile (which
+    traces tk::fftconv) is not tracing."""
+    if _is_compiling():
+        return False
+    return not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors)
 
 
 def convolve(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None, postgate: torch.Tensor | None,
@@ -160,7 +164,7 @@ def convolve(u: torch.Tensor, k: torch.Tensor, pregate: torch.Tensor | None, pos
     operand requiring one) its two ops run directly, as tk::fftconv's body does: the custom op's
     Python layers (its autograd and dispatch) cost host time that only a gradient needs. Under
     torch.compile, which traces tk::fftconv, the op always runs."""
-    if not _is_compiling() and not needs_grad(u, k, pregate, postgate):
+    if runs_ops_directly(u, k, pregate, postgate):
         return FORWARD[family](u, SPECTRUM(k, fft_size), pregate, postgate, fft_size, correlate)
     y, _ = fftconv_op(u, k, pregate, postgate, fft_size, correlate, family, keep_spectrum)
     return y
