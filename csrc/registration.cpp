@@ -124,13 +124,13 @@ TORCH_LIBRARY(tk, m) {
     // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t].
     m.def("fftconv_filter_grad_sm80(Tensor dy, Tensor u, int fft_size) -> Tensor");
     // rfft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32 as (H, fft_size / 2 + 1,
-    // 2) floats, the form fftconv_fwd_sm80 takes. Composite (any device, differentiable: ATen's
-    // rfft, on a GPU of fftconv_padded_filter's rows); a module whose filter does not change can
-    // keep it.
+    // 2) floats, the form fftconv_fwd_sm80 takes. Composite (any device, differentiable: on a GPU
+    // fftconv_filter_rfft, elsewhere ATen's rfft of the zero-padded rows); a module whose filter
+    // does not change can keep it.
     m.def("fftconv_filter_spectrum(Tensor k, int fft_size) -> Tensor");
-    // k (H, Nk) float32/bfloat16/float16, 1 <= Nk <= fft_size / 2, any strides, zero-padded to
-    // (H, fft_size) float32 (contiguous): fftconv_filter_spectrum's rfft input on a GPU.
-    m.def("fftconv_padded_filter(Tensor k, int fft_size) -> Tensor");
+    // The same for k (H, Nk) float32/bfloat16/float16 on a GPU, any strides, in one kernel
+    // (contiguous result; autograd formula registered in Python).
+    m.def("fftconv_filter_rfft(Tensor k, int fft_size) -> Tensor");
 }
 
 namespace {
@@ -198,8 +198,8 @@ at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tenso
 at::Tensor fftconv_filter_spectrum_not_built(const at::Tensor&, int64_t) {
     family_not_built("fftconv_filter_spectrum", "fftconv");
 }
-at::Tensor fftconv_padded_filter_not_built(const at::Tensor&, int64_t) {
-    family_not_built("fftconv_padded_filter", "fftconv");
+at::Tensor fftconv_filter_rfft_not_built(const at::Tensor&, int64_t) {
+    family_not_built("fftconv_filter_rfft", "fftconv");
 }
 #endif
 
@@ -267,7 +267,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &fftconv_fwd_sm80_not_built);
     m.impl("fftconv_fwd_sm90", &fftconv_fwd_sm90_not_built);
     m.impl("fftconv_filter_grad_sm80", &fftconv_filter_grad_sm80_not_built);
-    m.impl("fftconv_padded_filter", &fftconv_padded_filter_not_built);
+    m.impl("fftconv_filter_rfft", &fftconv_filter_rfft_not_built);
 }
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {
     m.impl("fftconv_filter_spectrum", &fftconv_filter_spectrum_not_built);

@@ -158,9 +158,9 @@ def test_filter_spectrum_is_the_rfft():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=lambda d: str(d).removeprefix("torch."))
 def test_filter_spectrum_of_a_gpu_tensor_traces(dtype):
-    """On a GPU tensor the spectrum op pads k with tk::fftconv_padded_filter (ATen's pad for
-    float64); under FakeTensorMode, with no GPU, the composite and the padding op's fake give
-    the shapes and dtypes of the real ops."""
+    """On a GPU tensor the spectrum op is tk::fftconv_filter_rfft (ATen's pad and rfft for
+    float64); under FakeTensorMode, with no GPU, the composite and the kernel op's fake give the
+    shapes and dtypes of the real ops."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         k = torch.empty(200, 3, device="cuda", dtype=dtype).t()
@@ -168,8 +168,8 @@ def test_filter_spectrum_of_a_gpu_tensor_traces(dtype):
         assert spectrum.shape == (3, 257, 2) and spectrum.dtype == torch.float32
         assert spectrum.device.type == "cuda"
         if dtype != torch.float64:
-            padded = torch.ops.tk.fftconv_padded_filter(k, 512)
-            assert padded.shape == (3, 512) and padded.dtype == torch.float32 and padded.is_contiguous()
+            direct = torch.ops.tk.fftconv_filter_rfft(k, 512)
+            assert direct.shape == (3, 257, 2) and direct.dtype == torch.float32 and direct.is_contiguous()
 
 
 @pytest.mark.parametrize("n, fft_size", [(8, 512), (100, 512), (256, 512), (257, 1024), (1000, 2048),

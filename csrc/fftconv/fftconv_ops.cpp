@@ -1,5 +1,5 @@
 // CUDA implementations of tk::fftconv_fwd_sm80, tk::fftconv_filter_grad_sm80 and
-// tk::fftconv_padded_filter and the (device-independent) implementation of
+// tk::fftconv_filter_rfft and the (device-independent) implementation of
 // tk::fftconv_filter_spectrum: re-check the inputs
 // (cheaply: shapes, dtypes, devices, strides, alignment; never data), allocate the output,
 // describe the call in a plain params struct (params.h) and launch the kernel on the current
@@ -30,7 +30,7 @@ constexpr const char* kFwdOp = "tk::fftconv_fwd_sm80: ";
 constexpr const char* kFwdSm90Op = "tk::fftconv_fwd_sm90: ";
 constexpr const char* kGradOp = "tk::fftconv_filter_grad_sm80: ";
 constexpr const char* kSpectrumOp = "tk::fftconv_filter_spectrum: ";
-constexpr const char* kPaddedOp = "tk::fftconv_padded_filter: ";
+constexpr const char* kRfftOp = "tk::fftconv_filter_rfft: ";
 
 void check_fft_size(int64_t fft_size, const char* op) {
     TORCH_CHECK(fft_size > 0 && fft_size <= std::numeric_limits<int>::max() &&
@@ -213,8 +213,8 @@ void check_filter(const at::Tensor& k, int64_t fft_size, const char* op) {
                 fft_size / 2, " (longer filters wrap around in the causal convolution), got ", k.size(1));
 }
 
-// The element types the padding kernel reads; none for the others.
-std::optional<FilterType> padded_filter_type(at::ScalarType type) {
+// The element types the spectrum kernel reads; none for the others.
+std::optional<FilterType> filter_type(at::ScalarType type) {
     switch (type) {
         case at::kFloat: return FilterType::fp32;
         case at::kBFloat16: return FilterType::bf16;
@@ -223,36 +223,33 @@ std::optional<FilterType> padded_filter_type(at::ScalarType type) {
     }
 }
 
-// k zero-padded to (H, fft_size) in fp32 on k's GPU, in one pass (padded_filter.cu).
-at::Tensor fftconv_padded_filter_cuda(const at::Tensor& k, int64_t fft_size) {
-    check_filter(k, fft_size, kPaddedOp);
-    const std::optional<FilterType> type = padded_filter_type(k.scalar_type());
-    TORCH_CHECK(type.has_value(), kPaddedOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
+// rfft(k, fft_size) by ATen: k in fp32, zero-padded, then the r2c transform.
+at::Tensor aten_spectrum(const at::Tensor& k, int64_t fft_size) {
+    const at::Tensor padded = at::constant_pad_nd(k.to(at::kFloat), {0, fft_size - k.size(1)});
+    return at::view_as_real(at::_fft_r2c(padded, {1}, /*normalization: none*/ 0, /*onesided=*/true));
+}
+
+// rfft(k, fft_size) on k's GPU: one kernel (filter_rfft.cu), or ATen's route where the kernel's
+// block does not fit the device's shared memory.
+at::Tensor fftconv_filter_rfft_cuda(const at::Tensor& k, int64_t fft_size) {
+    check_filter(k, fft_size, kRfftOp);
+    const std::optional<FilterType> type = filter_type(k.scalar_type());
+    TORCH_CHECK(type.has_value(), kRfftOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
     const c10::cuda::CUDAGuard device_guard(k.device());
-    at::Tensor out = at::empty({k.size(0), fft_size}, k.options().dtype(at::kFloat));
+    if (fftconv_filter_rfft_shared_bytes(static_cast<int>(fft_size)) > shared_memory_per_block())
+        return aten_spectrum(k, fft_size).contiguous();
+    at::Tensor out = at::empty({k.size(0), fft_size / 2 + 1, 2}, k.options().dtype(at::kFloat));
     if (k.size(0) == 0) return out;
-    PaddedFilterParams p{};
+    FilterRfftParams p{};
     p.k = k.const_data_ptr();
     p.k_stride_h = k.stride(0), p.k_stride_t = k.stride(1);
     p.type = *type;
     p.out = out.mutable_data_ptr<float>();
     p.heads = k.size(0);
     p.length = static_cast<int>(k.size(1));
-    p.width = static_cast<int>(fft_size);
-    check_launch(fftconv_padded_filter(p, current_stream(k)), kPaddedOp);
+    p.fft_size = static_cast<int>(fft_size);
+    check_launch(fftconv_filter_rfft(p, current_stream(k)), kRfftOp);
     return out;
-}
-
-// k zero-padded to fft_size in fp32, rfft's input: on a GPU by tk::fftconv_padded_filter (the
-// padded rows written once; its autograd formula is registered in Python), elsewhere by ATen.
-at::Tensor padded_filter(const at::Tensor& k, int64_t fft_size) {
-    if (k.is_cuda() && padded_filter_type(k.scalar_type()).has_value()) {
-        static const auto op = c10::Dispatcher::singleton()
-                                   .findSchemaOrThrow("tk::fftconv_padded_filter", "")
-                                   .typed<at::Tensor(const at::Tensor&, int64_t)>();
-        return op.call(k, fft_size);
-    }
-    return at::constant_pad_nd(k.to(at::kFloat), {0, fft_size - k.size(1)});
 }
 
 // rfft(k, fft_size) per head in fp32, as (heads, fft_size / 2 + 1, 2) floats: the form the
@@ -260,8 +257,13 @@ at::Tensor padded_filter(const at::Tensor& k, int64_t fft_size) {
 // cached by a module whose filter does not change.
 at::Tensor fftconv_filter_spectrum(const at::Tensor& k, int64_t fft_size) {
     check_filter(k, fft_size, kSpectrumOp);
-    return at::view_as_real(at::_fft_r2c(padded_filter(k, fft_size), {1}, /*normalization: none*/ 0,
-                                         /*onesided=*/true));
+    if (k.is_cuda() && filter_type(k.scalar_type()).has_value()) {
+        static const auto op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("tk::fftconv_filter_rfft", "")
+                                   .typed<at::Tensor(const at::Tensor&, int64_t)>();
+        return op.call(k, fft_size);
+    }
+    return aten_spectrum(k, fft_size);
 }
 
 }  // namespace
@@ -271,7 +273,7 @@ TORCH_LIBRARY_IMPL(tk, CUDA, m) {
     m.impl("fftconv_fwd_sm80", &tk::fftconv::fftconv_fwd_sm80_cuda);
     m.impl("fftconv_fwd_sm90", &tk::fftconv::fftconv_fwd_sm90_cuda);
     m.impl("fftconv_filter_grad_sm80", &tk::fftconv::fftconv_filter_grad_sm80_cuda);
-    m.impl("fftconv_padded_filter", &tk::fftconv::fftconv_padded_filter_cuda);
+    m.impl("fftconv_filter_rfft", &tk::fftconv::fftconv_filter_rfft_cuda);
 }
 
 TORCH_LIBRARY_IMPL(tk, CompositeImplicitAutograd, m) {

@@ -104,21 +104,24 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
 int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads);
 int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
 
-// The filter zero-padded for its spectrum (fftconv_filter_spectrum's rfft input): out[h, t] =
-// k[h, t] for t < length, 0 for length <= t < width, in fp32 (one pass over out, where rfft(k,
-// width) pads with a fill of out and a copy of k into it).
+// The filter's spectrum (fftconv_filter_spectrum on a GPU): out[h, f] = rfft(k[h], fft_size)[f]
+// for f = 0 .. fft_size / 2, k zero-padded, computed in fp32 by one kernel (filter_rfft.cu).
 enum class FilterType { fp32, bf16, fp16 };
 
-struct PaddedFilterParams {
+struct FilterRfftParams {
     const void* k;  // (heads, length) of `type`, any element strides
     int64_t k_stride_h, k_stride_t;
     FilterType type;
-    float* out;  // (heads, width) contiguous, 16-byte aligned
+    float* out;  // (heads, fft_size / 2 + 1, 2) contiguous
     int64_t heads;
-    int length, width;  // 1 <= length <= width, width a multiple of 4
+    int length;    // 1 <= length <= fft_size / 2
+    int fft_size;  // 512 .. 32768, a power of two
 };
 
-cudaError_t fftconv_padded_filter(const PaddedFilterParams& params, cudaStream_t stream);
+cudaError_t fftconv_filter_rfft(const FilterRfftParams& params, cudaStream_t stream);
+// Shared memory (bytes) its block takes for fft_size; more than the device's opt-in limit means
+// the kernel cannot run there (the spectrum op then takes ATen's route).
+int fftconv_filter_rfft_shared_bytes(int fft_size);
 
 // Hopper (sm_90a): the wgmma kernels where there is one (fft_size 4096 and 8192), the mma.sync
 // kernels above for the other sizes; the same contract and functions.

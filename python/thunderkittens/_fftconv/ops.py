@@ -63,26 +63,35 @@ def _filter_grad_fake(dy, u, fft_size):
     return u.new_empty((u.shape[1], u.shape[2]), dtype=torch.float32)
 
 
-@torch.library.register_fake("tk::fftconv_padded_filter")
-def _padded_filter_fake(k, fft_size):
+@torch.library.register_fake("tk::fftconv_filter_rfft")
+def _filter_rfft_fake(k, fft_size):
     torch._check(k.dim() == 2 and k.dtype in (torch.float32, torch.bfloat16, torch.float16),
-                 lambda: "tk::fftconv_padded_filter: k must be a 2-D float32, bfloat16 or float16 tensor")
-    return k.new_empty((k.shape[0], fft_size), dtype=torch.float32)
+                 lambda: "tk::fftconv_filter_rfft: k must be a 2-D float32, bfloat16 or float16 tensor")
+    return k.new_empty((k.shape[0], fft_size // 2 + 1, 2), dtype=torch.float32)
 
 
-def _padded_filter_setup_context(ctx, inputs, output) -> None:
-    k, _ = inputs
-    ctx.length, ctx.dtype = k.shape[-1], k.dtype
+def _filter_rfft_setup_context(ctx, inputs, output) -> None:
+    k, fft_size = inputs
+    ctx.length, ctx.dtype, ctx.fft_size = k.shape[-1], k.dtype, fft_size
 
 
-def _padded_filter_backward(ctx, grad):
-    return grad[:, : ctx.length].to(ctx.dtype), None
+def filter_rfft_backward(grad: torch.Tensor, length: int, fft_size: int) -> torch.Tensor:
+    """The adjoint of rfft(k, fft_size) (k zero-padded, the one-sided half): grad (H, fft_size / 2
+    + 1, 2) back to k's first ``length`` values. It is Re(sum_f g_f exp(2 pi i f t / fft_size)),
+    which irfft gives scaled by fft_size / 2 once its first and last bins are doubled (irfft counts
+    each other bin twice, for its mirror)."""
+    g = torch.view_as_complex(grad.float().contiguous())
+    g = torch.cat([2 * g[:, :1], g[:, 1:-1], 2 * g[:, -1:]], dim=1)
+    return torch.fft.irfft(g, n=fft_size)[:, :length] * (fft_size / 2)
 
 
-# The GPU's zero padding inside tk::fftconv_filter_spectrum (a composite op): the gradient of the
-# padded rows is their head.
-torch.library.register_autograd("tk::fftconv_padded_filter", _padded_filter_backward,
-                                setup_context=_padded_filter_setup_context)
+def _filter_rfft_backward(ctx, grad):
+    return filter_rfft_backward(grad, ctx.length, ctx.fft_size).to(ctx.dtype), None
+
+
+# The GPU's kernel inside tk::fftconv_filter_spectrum (a composite op).
+torch.library.register_autograd("tk::fftconv_filter_rfft", _filter_rfft_backward,
+                                setup_context=_filter_rfft_setup_context)
 
 
 @torch.library.custom_op("tk::fftconv", mutates_args=())
