@@ -1,7 +1,6 @@
 // rfft(k, L) of each head's filter in fp32 (params.h, FilterRfftParams): one kernel that reads k
-// once and writes the half spectrum once, where the route through torch is a pass that writes
-// the zero-padded rows and cuFFT's r2c over them (reading twice k's bytes and the zeros). A
-// plain CUDA-core kernel (any GPU the extension targets).
+// once and writes the half spectrum once, where the route through torch writes the zero-padded
+// rows and cuFFT's r2c reads them back. A plain CUDA-core kernel (any GPU the extension targets).
 //
 // The real sequence x of length L (k, zeros past its length) is packed as z[n] = x[2n] + i x[2n + 1],
 // M = L / 2 complex points of which only the first M / 2 can be nonzero (k is at most L / 2 long).
@@ -10,11 +9,9 @@
 // the last), then the transforms of the even and of the odd samples,
 //   E[f] = (Z[f] + conj Z[M - f]) / 2,   O[f] = (Z[f] - conj Z[M - f]) / 2i,
 // give X[f] = E[f] + w_L^f O[f] for f = 0 .. M (indices of Z mod M).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <utility>
 
+#include "fftconv/complex_tiles.cuh"
 #include "fftconv/params.h"
 #include "kittens/common/launch.cuh"
 
@@ -26,15 +23,8 @@ constexpr int kValuesPerThread = 16;
 // Short transforms put several heads in a block, so that a block has at least this many threads.
 constexpr int kMinThreads = 128;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
 __device__ __forceinline__ float2 operator+(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
 __device__ __forceinline__ float2 operator-(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
-__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
-    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
-}
 
 // cos and sin of 2 pi j / 32, j = 0 .. 15: the twiddles of the radix-16 transform (w_16^j =
 // w_32^(2j)) and of the spectrum's output rows (w_L^(i M / 16) = w_32^i).
@@ -121,8 +111,8 @@ __device__ __forceinline__ void stockham_pass(float2* data, int t) {
             float2 w = make_float2(1.f, 0.f);
 #pragma unroll
             for (int i = 0; (1 << i) < R; i++)  // r's bits from the lowest: w_(NS R)^(k r)
-                if (r & (1 << i)) w = (r & ((1 << i) - 1)) ? cmul(w, power[i]) : power[i];
-            v[b][r] = cmul(v[b][r], w);
+                if (r & (1 << i)) w = (r & ((1 << i) - 1)) ? complex_product(w, power[i]) : power[i];
+            v[b][r] = complex_product(v[b][r], w);
         }
         dft(v[b]);
         const int base = (j / NS) * NS * R + k;
@@ -148,7 +138,7 @@ __device__ __forceinline__ float2 spectrum_value(const float2* data, int f, floa
     const float2 a = data[slot(f & (M - 1))], z = data[slot((M - f) & (M - 1))];
     const float2 e = make_float2(0.5f * (a.x + z.x), 0.5f * (a.y - z.y));   // (a + conj z) / 2
     const float2 o = make_float2(0.5f * (a.y + z.y), -0.5f * (a.x - z.x));  // (a - conj z) / 2i
-    return e + cmul(w, o);
+    return e + complex_product(w, o);
 }
 
 // Block b transforms heads b * HEADS .. (one per group of THREADS_PER_HEAD threads).
@@ -173,8 +163,8 @@ __global__ void __launch_bounds__(Transform<M>::THREADS)
             float x0 = 0.f, x1 = 0.f;
             if (h < heads) {
                 const T* row = k + h * stride_h;
-                if (2 * n < length) x0 = to_float(row[int64_t(2 * n) * stride_t]);
-                if (2 * n + 1 < length) x1 = to_float(row[int64_t(2 * n + 1) * stride_t]);
+                if (2 * n < length) x0 = kt::convert<float>(row[int64_t(2 * n) * stride_t]);
+                if (2 * n + 1 < length) x1 = kt::convert<float>(row[int64_t(2 * n + 1) * stride_t]);
             }
             even[r] = make_float2(x0, x1);
         }
@@ -201,7 +191,7 @@ __global__ void __launch_bounds__(Transform<M>::THREADS)
 #pragma unroll 4  // whole, at 1024 threads (64 registers) the hoisted loads spilled
     for (int i = 0; i < 16; i++) {
         const int f = t + i * C::THREADS_PER_HEAD;
-        const float2 w = i == 0 ? wt : cmul(wt, make_float2(kCos32[i], -kSin32[i]));
+        const float2 w = i == 0 ? wt : complex_product(wt, make_float2(kCos32[i], -kSin32[i]));
         row[f] = spectrum_value<M>(data, f, w);
     }
     if (t == 0) row[M] = spectrum_value<M>(data, M, make_float2(-1.f, 0.f));
@@ -211,7 +201,7 @@ template <typename T, int M>
 cudaError_t launch(const FilterRfftParams& p, cudaStream_t stream) {
     using C = Transform<M>;
     auto* kernel = filter_rfft<T, M>;
-    if (cudaError_t e = kittens::allow_dynamic_shared_memory(kernel, C::shared_bytes)) return e;
+    if (cudaError_t e = kt::allow_dynamic_shared_memory(kernel, C::shared_bytes)) return e;
     const int64_t blocks = (p.heads + C::HEADS - 1) / C::HEADS;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     kernel<<<unsigned(blocks), C::THREADS, C::shared_bytes, stream>>>(static_cast<const T*>(p.k), p.k_stride_h,
@@ -253,8 +243,8 @@ cudaError_t fftconv_filter_rfft(const FilterRfftParams& p, cudaStream_t stream) 
     if (p.heads < 1 || p.length < 1 || p.length > p.fft_size / 2) return cudaErrorInvalidValue;
     switch (p.type) {
         case FilterType::fp32: return launch_for_size<float>(p, stream);
-        case FilterType::bf16: return launch_for_size<__nv_bfloat16>(p, stream);
-        case FilterType::fp16: return launch_for_size<__half>(p, stream);
+        case FilterType::bf16: return launch_for_size<kt::bf16>(p, stream);
+        case FilterType::fp16: return launch_for_size<kt::half>(p, stream);
     }
     return cudaErrorInvalidValue;
 }
