@@ -155,6 +155,20 @@ def test_filter_spectrum_is_the_rfft():
     torch.testing.assert_close(spectrum.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("length, fft_size", [(1, 512), (100, 512), (256, 512), (1000, 4096)])
+def test_rfft_adjoint_is_rffts_gradient(length, fft_size):
+    """The GPU spectrum op's autograd formula (ops.rfft_adjoint) is the gradient torch.fft.rfft's
+    autograd gives for k, in float64."""
+    from thunderkittens._fftconv import ops
+    torch.manual_seed(length)
+    k = torch.randn(3, length, dtype=torch.float64, requires_grad=True)
+    spectrum = torch.view_as_real(torch.fft.rfft(k, n=fft_size))
+    grad = torch.randn_like(spectrum)
+    (expected,) = torch.autograd.grad(spectrum, k, grad)
+    torch.testing.assert_close(ops.rfft_adjoint(grad, length, fft_size).double(), expected, rtol=1e-5,
+                               atol=1e-6 * expected.abs().max().item())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64],
                          ids=lambda d: str(d).removeprefix("torch."))
 def test_filter_spectrum_of_a_gpu_tensor_traces(dtype):

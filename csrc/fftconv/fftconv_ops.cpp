@@ -237,7 +237,7 @@ at::Tensor fftconv_filter_rfft_cuda(const at::Tensor& k, int64_t fft_size) {
     TORCH_CHECK(type.has_value(), kRfftOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
     const c10::cuda::CUDAGuard device_guard(k.device());
     if (fftconv_filter_rfft_shared_bytes(static_cast<int>(fft_size)) > shared_memory_per_block())
-        return aten_spectrum(k, fft_size).contiguous();
+        return aten_spectrum(k, fft_size).clone();  // a tensor of its own, not a view of r2c's output
     at::Tensor out = at::empty({k.size(0), fft_size / 2 + 1, 2}, k.options().dtype(at::kFloat));
     if (k.size(0) == 0) return out;
     FilterRfftParams p{};

@@ -75,7 +75,7 @@ def _filter_rfft_setup_context(ctx, inputs, output) -> None:
     ctx.length, ctx.dtype, ctx.fft_size = k.shape[-1], k.dtype, fft_size
 
 
-def filter_rfft_backward(grad: torch.Tensor, length: int, fft_size: int) -> torch.Tensor:
+def rfft_adjoint(grad: torch.Tensor, length: int, fft_size: int) -> torch.Tensor:
     """The adjoint of rfft(k, fft_size) (k zero-padded, the one-sided half): grad (H, fft_size / 2
     + 1, 2) back to k's first ``length`` values. It is Re(sum_f g_f exp(2 pi i f t / fft_size)),
     which irfft gives scaled by fft_size / 2 once its first and last bins are doubled (irfft counts
@@ -86,7 +86,7 @@ def filter_rfft_backward(grad: torch.Tensor, length: int, fft_size: int) -> torc
 
 
 def _filter_rfft_backward(ctx, grad):
-    return filter_rfft_backward(grad, ctx.length, ctx.fft_size).to(ctx.dtype), None
+    return rfft_adjoint(grad, ctx.length, ctx.fft_size).to(ctx.dtype), None
 
 
 # The GPU's kernel inside tk::fftconv_filter_spectrum (a composite op).
