@@ -2,7 +2,8 @@
 twiddles and 16-bit rounding points, in float64 elsewhere (the kernels accumulate in fp32, whose
 error is far below the 16-bit roundings). It checks the index math against torch.fft (exact
 arithmetic: agreement to ~1e-15; the three-factor model keeps the kernel's fp32 twiddles,
-~4e-8) and measures the error of the 16-bit scheme. Run it to print the error table:
+~4e-8) and measures the error of the 16-bit scheme, and of the fp32 transform that gives the
+filter's spectrum (filter_rfft.cu). Run it to print the error table:
 
     python csrc/fftconv/model.py
 
@@ -230,6 +231,70 @@ def relative_l2(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
+# ---- the filter's spectrum (filter_rfft.cu), in float32 as the kernel computes it ------------
+
+
+def unit32(num, den):
+    """exp(-2 pi i num / den) from an exact angle, rounded to complex64 (sincospif's result)."""
+    return np.exp(-2j * np.pi * np.asarray(num, dtype=np.float64) / den).astype(np.complex64)
+
+
+def dft_radix2(v):
+    """The kernel's in-register DFT of the rows of v (R rows, R a power of two): even and odd
+    halves transformed, then combined with w_R^j (complex64 throughout)."""
+    R = v.shape[0]
+    if R == 1:
+        return v
+    even, odd = dft_radix2(v[0::2]), dft_radix2(v[1::2])
+    twiddled = np.stack([odd[j] * unit32(j, R) if j else odd[j] for j in range(R // 2)])
+    return np.concatenate([even + twiddled, even - twiddled])
+
+
+def filter_rfft_model(k, fft_size):
+    """rfft(k, fft_size) the way tk::fftconv_filter_rfft computes it, in float32: z[n] = x[2n] +
+    i x[2n + 1] (M = fft_size / 2 points, the upper half zero), a first radix-16 pass on the 8
+    loaded values, Stockham passes of radix 16 (then the remainder) with w^(2^i) from exact angles
+    and the other powers as their products, then X[f] = E[f] + w_L^f O[f] with w_L^f = w_L^t
+    w_32^i for f = t + i M / 16."""
+    M = fft_size // 2
+    x = np.zeros(fft_size, dtype=np.float32)
+    x[: len(k)] = k
+    z = (x[0::2] + 1j * x[1::2]).astype(np.complex64)
+    j = np.arange(M // 16)
+    loaded = np.stack([z[j + r * (M // 16)] for r in range(8)])
+    even = dft_radix2(loaded)
+    odd = dft_radix2(np.stack([loaded[r] * unit32(r, 16) if r else loaded[r] for r in range(8)]))
+    data = np.empty(M, dtype=np.complex64)
+    for m in range(8):
+        data[j * 16 + 2 * m], data[j * 16 + 2 * m + 1] = even[m], odd[m]
+    ns = 16
+    while ns < M:
+        R = min(16, M // ns)
+        j = np.arange(M // R)
+        k_ = j % ns
+        v = np.stack([data[j + r * (M // R)] for r in range(R)])
+        powers = [unit32(k_ << i, ns * R) for i in range(R.bit_length() - 1)]
+        for r in range(1, R):
+            w = None
+            for i, power in enumerate(powers):
+                if r & (1 << i):
+                    w = power if w is None else w * power
+            v[r] = v[r] * w
+        v = dft_radix2(v)
+        out = np.empty_like(data)
+        for r in range(R):
+            out[(j // ns) * ns * R + k_ + r * ns] = v[r]
+        data, ns = out, ns * R
+    f = np.arange(M + 1)
+    t, i = f % (M // 16), f // (M // 16)
+    w = unit32(t, fft_size) * unit32(i, 32)  # exact for i = 0 (a product with 1)
+    w[M] = -1
+    a, zc = data[f % M], np.conj(data[(M - f) % M])
+    e = (a + zc) * np.float32(0.5)
+    o = (a - zc) * np.float32(0.5) * np.complex64(-1j)
+    return e + w * o
+
+
 def main():
     rng = np.random.default_rng(0)
     print("exact arithmetic (index math): relative L2 error against torch.fft")
@@ -252,6 +317,15 @@ def main():
                 print(f"  N={n:5d} {name} gates={int(gated)}: {relative_l2(y, ref) / eps:.2f} eps, max "
                       f"{np.abs(y - ref).max() / np.abs(ref).max() / eps:.2f} eps (rounding y alone: "
                       f"{floor / eps:.2f} eps)")
+
+    print("filter spectrum (filter_rfft.cu, float32): relative L2 error and max error / max|X|"
+          " against the float64 rfft")
+    for n in CONFIGS:
+        for length in (n, n - 5, 3):
+            k = rng.standard_normal(length).astype(np.float32)
+            X, ref = filter_rfft_model(k, 2 * n), np.fft.rfft(k.astype(np.float64), 2 * n)
+            print(f"  N={n:5d} length {length:5d}: {relative_l2(X, ref):.1e}, max "
+                  f"{np.abs(X - ref).max() / np.abs(ref).max():.1e}")
 
     print("filter gradient: relative L2 error and max error / max|grad| in eps")
     for n in CONFIGS:
