@@ -74,12 +74,28 @@ __device__ __forceinline__ int slot(int i) { return i + (i >> 4); }
 
 template <int M>
 struct Transform {
+    static constexpr int POINTS = M;  // complex points: fft_size / 2
     static constexpr int THREADS_PER_HEAD = M / kValuesPerThread;
     static constexpr int HEADS = THREADS_PER_HEAD >= kMinThreads ? 1 : kMinThreads / THREADS_PER_HEAD;
     static constexpr int THREADS = HEADS * THREADS_PER_HEAD;
     static constexpr int SLOTS = M + M / 16;  // per head
     static constexpr int shared_bytes = HEADS * SLOTS * int(sizeof(float2));
 };
+
+// f(Transform<fft_size / 2>{}) for a kernel size (512 .. 32768), `none` for any other.
+template <typename R, typename F>
+R with_transform(int fft_size, R none, F&& f) {
+    switch (fft_size) {
+        case 512: return f(Transform<256>{});
+        case 1024: return f(Transform<512>{});
+        case 2048: return f(Transform<1024>{});
+        case 4096: return f(Transform<2048>{});
+        case 8192: return f(Transform<4096>{});
+        case 16384: return f(Transform<8192>{});
+        case 32768: return f(Transform<16384>{});
+    }
+    return none;
+}
 
 // One Stockham pass of radix R over values that NS-point transforms have combined so far: the
 // butterfly j (thread t takes j = t, t + threads, ...) reads values j + r M / R, multiplies them
@@ -212,31 +228,14 @@ cudaError_t launch(const FilterRfftParams& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_for_size(const FilterRfftParams& p, cudaStream_t stream) {
-    switch (p.fft_size) {
-        case 512: return launch<T, 256>(p, stream);
-        case 1024: return launch<T, 512>(p, stream);
-        case 2048: return launch<T, 1024>(p, stream);
-        case 4096: return launch<T, 2048>(p, stream);
-        case 8192: return launch<T, 4096>(p, stream);
-        case 16384: return launch<T, 8192>(p, stream);
-        case 32768: return launch<T, 16384>(p, stream);
-    }
-    return cudaErrorInvalidValue;
+    return with_transform(p.fft_size, cudaErrorInvalidValue,
+                          [&](auto c) { return launch<T, decltype(c)::POINTS>(p, stream); });
 }
 
 }  // namespace
 
 int fftconv_filter_rfft_shared_bytes(int fft_size) {
-    switch (fft_size) {
-        case 512: return Transform<256>::shared_bytes;
-        case 1024: return Transform<512>::shared_bytes;
-        case 2048: return Transform<1024>::shared_bytes;
-        case 4096: return Transform<2048>::shared_bytes;
-        case 8192: return Transform<4096>::shared_bytes;
-        case 16384: return Transform<8192>::shared_bytes;
-        case 32768: return Transform<16384>::shared_bytes;
-    }
-    return 0;
+    return with_transform(fft_size, 0, [](auto c) { return decltype(c)::shared_bytes; });
 }
 
 cudaError_t fftconv_filter_rfft(const FilterRfftParams& p, cudaStream_t stream) {

@@ -235,8 +235,8 @@ def relative_l2(a, b):
 
 
 def unit32(num, den):
-    """exp(-2 pi i num / den) from an exact angle, rounded to complex64 (sincospif's result)."""
-    return np.exp(-2j * np.pi * np.asarray(num, dtype=np.float64) / den).astype(np.complex64)
+    """w_den^num from an exact angle, rounded to complex64 (sincospif's result)."""
+    return root(den, num).astype(np.complex64)
 
 
 def dft_radix2(v):
