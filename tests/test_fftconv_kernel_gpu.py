@@ -289,6 +289,23 @@ def test_filter_spectrum_gradient(dtype):
         torch.testing.assert_close(k.grad.float(), k32.grad, rtol=rtol, atol=1e-5 * k32.grad.abs().max().item())
 
 
+def test_filter_rfft_takes_atens_route_where_its_block_does_not_fit(monkeypatch):
+    """Where the kernel's block passes the device's shared memory per block (136 KiB at fft_size
+    32768; an RTX 4090 gives a block 99), the op pads k and runs ATen's r2c: with
+    TK_FFTCONV_SHARED_PER_BLOCK=0 every size takes that route here. Its result is the rfft too,
+    a tensor of its own (not a view of r2c's output), and not the kernel's bits."""
+    for fft_size in SPECTRUM_SIZES:
+        seeded("rfft-aten", fft_size)
+        k = filter_view(3, fft_size // 2 - 5, torch.bfloat16, "step")
+        monkeypatch.delenv("TK_FFTCONV_SHARED_PER_BLOCK", raising=False)
+        kernel = torch.ops.tk.fftconv_filter_rfft(k, fft_size)
+        monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "0")
+        aten = torch.ops.tk.fftconv_filter_rfft(k, fft_size)
+        assert aten._base is None
+        assert_is_the_rfft(aten, k, fft_size)
+        assert not torch.equal(aten, kernel)
+
+
 def test_filter_rfft_opcheck():
     seeded("rfft", "opcheck")
     torch.library.opcheck(torch.ops.tk.fftconv_filter_rfft.default,

@@ -93,10 +93,11 @@ void fill_sequence_fields(Params& p, const at::Tensor& u, int64_t fft_size, Elem
 
 cudaStream_t current_stream(const at::Tensor& u) { return at::cuda::getCurrentCUDAStream(u.device().index()).stream(); }
 
-// The shared memory per block that picks the forward's configuration (configs.cuh): the device's,
-// or less where the environment variable TK_FFTCONV_SHARED_PER_BLOCK (bytes) says so, which runs
-// a smaller GPU's configuration on this one (0: the one that needs the least); the tests run
-// them on Hopper with it.
+// The shared memory per block that picks the forward's configuration (configs.cuh) and the
+// spectrum's route: the device's, or less where the environment variable
+// TK_FFTCONV_SHARED_PER_BLOCK (bytes) says so, which runs a smaller GPU's choices on this one
+// (0: the configuration that needs the least, and ATen's spectrum); the tests run them on Hopper
+// with it.
 int configuration_shared_per_block() {
     const int device = shared_memory_per_block();
     const char* cap = std::getenv("TK_FFTCONV_SHARED_PER_BLOCK");
@@ -230,13 +231,13 @@ at::Tensor aten_spectrum(const at::Tensor& k, int64_t fft_size) {
 }
 
 // rfft(k, fft_size) on k's GPU: one kernel (filter_rfft.cu), or ATen's route where the kernel's
-// block does not fit the device's shared memory.
+// block does not fit the device's shared memory (or TK_FFTCONV_SHARED_PER_BLOCK's cap).
 at::Tensor fftconv_filter_rfft_cuda(const at::Tensor& k, int64_t fft_size) {
     check_filter(k, fft_size, kRfftOp);
     const std::optional<FilterType> type = filter_type(k.scalar_type());
     TORCH_CHECK(type.has_value(), kRfftOp, "k must be float32, bfloat16 or float16, got ", k.scalar_type());
     const c10::cuda::CUDAGuard device_guard(k.device());
-    if (fftconv_filter_rfft_shared_bytes(static_cast<int>(fft_size)) > shared_memory_per_block())
+    if (fftconv_filter_rfft_shared_bytes(static_cast<int>(fft_size)) > configuration_shared_per_block())
         return aten_spectrum(k, fft_size).clone();  // a tensor of its own, not a view of r2c's output
     at::Tensor out = at::empty({k.size(0), fft_size / 2 + 1, 2}, k.options().dtype(at::kFloat));
     if (k.size(0) == 0) return out;
