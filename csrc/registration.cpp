@@ -121,8 +121,11 @@ TORCH_LIBRARY(tk, m) {
     m.def("fftconv_fwd_sm90(Tensor u, Tensor k_spectrum, Tensor? pregate, Tensor? postgate, int fft_size, "
           "bool conjugate=False) -> Tensor");
     // The filter's gradient of that convolution (same kernel family and sizes): dy, u (B, H, n)
-    // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t].
-    m.def("fftconv_filter_grad_sm80(Tensor dy, Tensor u, int fft_size) -> Tensor");
+    // as u above; returns grad (H, n) float32, grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t],
+    // with dy and u times dy_gate and u_gate (shaped like u) where given, each product rounded to
+    // u's dtype (a gated convolution's backward).
+    m.def("fftconv_filter_grad_sm80(Tensor dy, Tensor u, int fft_size, Tensor? dy_gate=None, "
+          "Tensor? u_gate=None) -> Tensor");
     // rfft(k, fft_size) of a filter k (H, Nk), Nk <= fft_size / 2, in fp32 as (H, fft_size / 2 + 1,
     // 2) floats, the form fftconv_fwd_sm80 takes. Composite (any device, differentiable: on a GPU
     // fftconv_filter_rfft, elsewhere ATen's rfft of the zero-padded rows); a module whose filter
@@ -192,7 +195,8 @@ at::Tensor fftconv_fwd_sm90_not_built(const at::Tensor&, const at::Tensor&, cons
                                       const std::optional<at::Tensor>&, int64_t, bool) {
     family_not_built("fftconv_fwd_sm90", "fftconv");
 }
-at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tensor&, int64_t) {
+at::Tensor fftconv_filter_grad_sm80_not_built(const at::Tensor&, const at::Tensor&, int64_t,
+                                              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
     family_not_built("fftconv_filter_grad_sm80", "fftconv");
 }
 at::Tensor fftconv_filter_spectrum_not_built(const at::Tensor&, int64_t) {

@@ -125,11 +125,16 @@ class FilterGradStandIn:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, dy, u, fft_size):
+    def __call__(self, dy, u, fft_size, dy_gate=None, u_gate=None):
         n = u.shape[-1]
         assert u.dtype in (torch.bfloat16, torch.float16) and n % 8 == 0 and n <= fft_size // 2
-        assert dy.dtype == u.dtype and dy.shape == u.shape and conforming(dy) and conforming(u)
-        self.calls.append({"dy": dy, "u": u, "fft_size": fft_size})
+        for t in (dy, dy_gate, u_gate):
+            assert t is None or (t.dtype == u.dtype and t.shape == u.shape and conforming(t))
+        assert conforming(u)
+        self.calls.append({"dy": dy, "u": u, "fft_size": fft_size, "dy_gate": dy_gate, "u_gate": u_gate})
+        # The kernel rounds each gated operand to 16 bits.
+        dy = dy if dy_gate is None else dy * dy_gate
+        u = u if u_gate is None else u * u_gate
         products = torch.fft.rfft(dy.double(), n=fft_size) * torch.fft.rfft(u.double(), n=fft_size).conj_physical()
         return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()
 
@@ -289,7 +294,11 @@ def test_kernel_path_gradients_match_the_reference(cpu_fftconv, gates):
     # The forward, then the backward's: conv(w, k) for the postgate, the correlation for u and
     # the pregate (grad * postgate fed as its pregate), and the filter's gradient.
     assert [call["conjugate"] for call in cpu_fftconv.calls] == ([False, False, True] if gates else [False, True])
-    assert len(cpu_fftconv.filter_grad.calls) == 1
+    # The filter's gradient takes the gates as they are (the kernel multiplies them in as it loads).
+    (filter_grad,) = cpu_fftconv.filter_grad.calls
+    for name, gate in (("dy_gate", post), ("u_gate", pre)):
+        assert (filter_grad[name] is None) == (gate is None)
+        assert gate is None or torch.equal(filter_grad[name][..., : gate.shape[-1]], gate)
 
 
 @pytest.fixture

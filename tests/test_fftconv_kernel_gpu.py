@@ -488,6 +488,53 @@ def test_filter_grad_strided_inputs(n):
     assert_filter_grad_close(torch.ops.tk.fftconv_filter_grad_sm80(dy, u, 2 * n), dy, u)
 
 
+def gated_operands(dy, u, dy_gate, u_gate):
+    """What the op's gradient is of: dy * dy_gate and u * u_gate, each rounded to 16 bits."""
+    return (dy if dy_gate is None else dy * dy_gate), (u if u_gate is None else u * u_gate)
+
+
+def assert_same_sums(grad, expected):
+    """Equal but for the order in which blocks add their shares of a head into grad (fp32
+    atomics: more than two shares of an element sum in any order)."""
+    assert (grad - expected).abs().max().item() <= 1e-6 * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("gates", ["dy", "u", "both"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", KERNEL_LENGTHS)
+def test_filter_grad_gates_are_the_rounded_products(n, dtype, gates):
+    """With gates, the gradient of dy * dy_gate and u * u_gate: what the op gives for those 16-bit
+    products (the kernel multiplies them in as it loads, or ATen first at the lengths without a
+    gated kernel), and within the reference's tolerance; an odd batch (a half-used pair)."""
+    seeded("filter-grad-gates", n, dtype, gates)
+    dy, u, dy_gate, u_gate = (torch.randn(3, 5, n, device="cuda", dtype=dtype) for _ in range(4))
+    dy_gate = dy_gate if gates in ("dy", "both") else None
+    u_gate = u_gate if gates in ("u", "both") else None
+    op = torch.ops.tk.fftconv_filter_grad_sm80
+    grad = op(dy, u, 2 * n, dy_gate, u_gate)
+    products = gated_operands(dy, u, dy_gate, u_gate)
+    assert_same_sums(grad, op(*products, 2 * n))
+    assert_filter_grad_close(grad, *products)
+
+
+@pytest.mark.parametrize("n", [256, 2048, 4096, 8192])
+def test_filter_grad_gates_strided_and_on_atens_route(n, monkeypatch):
+    """Strided gates; and the gates multiplied in by ATen where the gated kernel's block does not
+    fit the shared memory per block (TK_FFTCONV_SHARED_PER_BLOCK=0 here): the same numbers."""
+    seeded("filter-grad-gates-strided", n)
+    u = torch.randn(4, 3, n, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4, 3, n, device="cuda", dtype=torch.bfloat16)
+    dy_gate = torch.randn(3, 4, n, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    u_gate = torch.randn(4, 6, n + 16, device="cuda", dtype=torch.bfloat16)[:, ::2, 8:8 + n]
+    assert not dy_gate.is_contiguous() and not u_gate.is_contiguous()
+    op = torch.ops.tk.fftconv_filter_grad_sm80
+    grad = op(dy, u, 2 * n, dy_gate, u_gate)
+    products = gated_operands(dy, u, dy_gate, u_gate)
+    assert_same_sums(grad, op(*products, 2 * n))
+    monkeypatch.setenv("TK_FFTCONV_SHARED_PER_BLOCK", "0")
+    assert_same_sums(op(dy, u, 2 * n, dy_gate, u_gate), grad)
+
+
 def test_filter_grad_rejects_what_the_kernel_cannot_take():
     u = torch.randn(2, 3, 256, device="cuda", dtype=torch.bfloat16)
     op = torch.ops.tk.fftconv_filter_grad_sm80
@@ -499,6 +546,10 @@ def test_filter_grad_rejects_what_the_kernel_cannot_take():
         op(u.half(), u, 512)
     with pytest.raises(RuntimeError, match="multiple of 8"):
         op(u[..., :250], u[..., :250], 512)
+    with pytest.raises(RuntimeError, match="dy_gate must have u's shape"):
+        op(u, u, 512, u[:1])
+    with pytest.raises(RuntimeError, match="u_gate has dtype"):
+        op(u, u, 512, None, u.half())
 
 
 # ---- the op's own checks ----------------------------------------------------------------------

@@ -87,14 +87,17 @@ def main() -> int:
                 failures += 1
                 print(f"MISMATCH {op} (shared-per-block cap {cap}) length={length} {dtype} gated={gated} "
                       f"batch={batch} conjugate={conjugate}: relative L2 {err:.3e}")
-        if not gated:
-            dy = torch.randn(batch, heads, n).to(dtype)
-            grad = torch.ops.tk.fftconv_filter_grad_sm80(dy.cuda(), u.cuda(), fft_size)
-            err = relative(grad, filter_grad_reference(dy, u))
-            runs += 1
-            if not err <= 2 ** -6:
-                failures += 1
-                print(f"MISMATCH filter gradient length={length} {dtype} batch={batch}: relative L2 {err:.3e}")
+        # Gated: the filter gradient of post * dy and pre * u (the gated instantiation where a
+        # length has one), each product rounded to 16 bits.
+        dy = torch.randn(batch, heads, n).to(dtype)
+        grad = torch.ops.tk.fftconv_filter_grad_sm80(dy.cuda(), u.cuda(), fft_size, post.cuda() if gated else None,
+                                                     pre.cuda() if gated else None)
+        err = relative(grad, filter_grad_reference(dy * post if gated else dy, u * pre if gated else u))
+        runs += 1
+        if not err <= 2 ** -6:
+            failures += 1
+            print(f"MISMATCH filter gradient length={length} {dtype} gated={gated} batch={batch}: "
+                  f"relative L2 {err:.3e}")
     torch.cuda.synchronize()
     print(f"sanitize_fftconv: {runs} calls, {failures} mismatches")
     return 1 if failures else 0

@@ -187,18 +187,44 @@ at::Tensor fftconv_fwd_sm90_cuda(const at::Tensor& u, const at::Tensor& k_spectr
                         kFwdSm90Op);
 }
 
-at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor& u, int64_t fft_size) {
+// The gates go into the kernel where its gated instantiation exists and fits the configuration's
+// shared memory (TK_FFTCONV_SHARED_PER_BLOCK caps it, as the forward's choice); elsewhere ATen
+// multiplies them in first, the same one rounding of each product to u's dtype.
+at::Tensor fftconv_filter_grad_sm80_cuda(const at::Tensor& dy, const at::Tensor& u, int64_t fft_size,
+                                         const std::optional<at::Tensor>& dy_gate,
+                                         const std::optional<at::Tensor>& u_gate) {
     const ElementType dtype = check_sequences(u, fft_size, kGradOp);
     check_sequence_tensor(dy, "dy", u, kGradOp);
+    if (dy_gate.has_value()) check_sequence_tensor(*dy_gate, "dy_gate", u, kGradOp);
+    if (u_gate.has_value()) check_sequence_tensor(*u_gate, "u_gate", u, kGradOp);
     const c10::cuda::CUDAGuard device_guard(u.device());
     check_device(u, fftconv_filter_grad_sm80_shared_bytes(static_cast<int>(fft_size)), fft_size, "", kGradOp);
 
+    const bool gated = dy_gate.has_value() || u_gate.has_value();
+    const int gated_bytes = fftconv_filter_grad_sm80_shared_bytes(static_cast<int>(fft_size), true);
+    const bool gates_in_kernel = gated && gated_bytes > 0 && gated_bytes <= configuration_shared_per_block();
+    at::Tensor dy_in = dy, u_in = u;
+    if (gated && !gates_in_kernel) {
+        if (dy_gate.has_value()) dy_in = dy * *dy_gate;
+        if (u_gate.has_value()) u_in = u * *u_gate;
+    }
+
     at::Tensor grad = at::zeros({u.size(1), u.size(2)}, u.options().dtype(at::kFloat));
     FilterGradParams p{};
-    fill_sequence_fields(p, u, fft_size, dtype);
-    p.dy = dy.const_data_ptr();
-    const auto ds = kernel_strides<3>(dy);
+    fill_sequence_fields(p, u_in, fft_size, dtype);
+    p.dy = dy_in.const_data_ptr();
+    const auto ds = kernel_strides<3>(dy_in);
     p.dy_stride_b = ds[0], p.dy_stride_h = ds[1];
+    if (gates_in_kernel && dy_gate.has_value()) {
+        p.dy_gate = dy_gate->const_data_ptr();
+        const auto s = kernel_strides<3>(*dy_gate);
+        p.dy_gate_stride_b = s[0], p.dy_gate_stride_h = s[1];
+    }
+    if (gates_in_kernel && u_gate.has_value()) {
+        p.u_gate = u_gate->const_data_ptr();
+        const auto s = kernel_strides<3>(*u_gate);
+        p.u_gate_stride_b = s[0], p.u_gate_stride_h = s[1];
+    }
     p.grad = grad.mutable_data_ptr<float>();
     check_launch(fftconv_filter_grad_sm80(p, current_stream(u)), kGradOp);
     return grad;

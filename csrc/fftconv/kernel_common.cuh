@@ -28,6 +28,10 @@ struct Args {
     bool conjugate;
     const T* dy;             // filter gradient: the output's gradient, (batch, heads, seqlen)
     int64_t dy_stride_b, dy_stride_h;
+    const T* u_gate;         // filter gradient: u and dy multiplied by these where given
+    int64_t u_gate_stride_b, u_gate_stride_h;
+    const T* dy_gate;
+    int64_t dy_gate_stride_b, dy_gate_stride_h;
     float* grad;             // filter gradient: (heads, seqlen), added into
     int batch, heads, seqlen;
     int pairs;           // per head: ceil(batch / 2)
@@ -155,6 +159,31 @@ __device__ __forceinline__ void load_grad_task_inputs_async(ST (&x)[2], ST (&d)[
     for (int j = 0; j < 2; j++) {
         load_sequence_async<THREADS, ELEMS>(x[j], u.seq[j], a.seqlen, a.u, thread);
         load_sequence_async<THREADS, ELEMS>(d[j], dy.seq[j], a.seqlen, a.u, thread);
+    }
+}
+
+// cp.async of the filter gradient's task t's gates, each where given: the pair of u_gate into xg
+// and of dy_gate into dg (apply_grad_gates multiplies the stage's inputs by them).
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void load_grad_task_gates_async(ST (&xg)[2], ST (&dg)[2], const Args<T>& a, int t,
+                                                           int thread) {
+    const int h = t / a.pairs, pair = t - h * a.pairs;
+    if (a.u_gate != nullptr)
+        load_pair_async<THREADS, ELEMS>(xg, a.pair_of(a.u_gate, a.u_gate_stride_b, a.u_gate_stride_h, pair, h), a, thread);
+    if (a.dy_gate != nullptr)
+        load_pair_async<THREADS, ELEMS>(dg, a.pair_of(a.dy_gate, a.dy_gate_stride_b, a.dy_gate_stride_h, pair, h), a,
+                                        thread);
+}
+
+// x *= xg and d *= dg (each where its gate is given), on this thread's chunks of a stage whose
+// inputs and gates it loaded (load_grad_task_inputs_async, load_grad_task_gates_async): its own
+// cp.async wait is enough. The products round as the forward's pregate does (apply_gate).
+template <int THREADS, int ELEMS, typename ST, typename T>
+__device__ __forceinline__ void apply_grad_gates(ST (&x)[2], ST (&d)[2], const ST (&xg)[2], const ST (&dg)[2],
+                                                 const Args<T>& a, int thread) {
+    for (int j = 0; j < 2; j++) {
+        if (a.u_gate != nullptr) apply_gate<THREADS, ELEMS>(x[j], xg[j], thread);
+        if (a.dy_gate != nullptr) apply_gate<THREADS, ELEMS>(d[j], dg[j], thread);
     }
 }
 
@@ -383,6 +412,10 @@ Args<T> filter_grad_args(const FilterGradParams& p) {
     a.u_stride_b = p.u_stride_b, a.u_stride_h = p.u_stride_h;
     a.dy = static_cast<const T*>(p.dy);
     a.dy_stride_b = p.dy_stride_b, a.dy_stride_h = p.dy_stride_h;
+    a.u_gate = static_cast<const T*>(p.u_gate);
+    a.u_gate_stride_b = p.u_gate_stride_b, a.u_gate_stride_h = p.u_gate_stride_h;
+    a.dy_gate = static_cast<const T*>(p.dy_gate);
+    a.dy_gate_stride_b = p.dy_gate_stride_b, a.dy_gate_stride_h = p.dy_gate_stride_h;
     a.grad = p.grad;
     a.batch = p.batch, a.heads = p.heads, a.seqlen = p.seqlen;
     a.pairs = (p.batch + 1) / 2;

@@ -74,6 +74,12 @@ struct FilterGradParams {
     int64_t dy_stride_b, dy_stride_h;
     const void* u;
     int64_t u_stride_b, u_stride_h;
+    // Optional (nullptr: none), shaped like u: the gradient is that of dy * dy_gate and
+    // u * u_gate, each product rounded to u's dtype (a gated convolution's backward).
+    const void* dy_gate;
+    int64_t dy_gate_stride_b, dy_gate_stride_h;
+    const void* u_gate;
+    int64_t u_gate_stride_b, u_gate_stride_h;
     float* grad;  // (heads, seqlen) contiguous, zero on entry: the kernels add into it
 
     int batch, heads;
@@ -102,7 +108,9 @@ int fftconv_fwd_sm80_shared_bytes(int fft_size, bool pregate);
 // Global memory (bytes) the forward needs beside its output for fft_size and `heads` (0 for most
 // sizes).
 int64_t fftconv_fwd_sm80_workspace_bytes(int fft_size, int heads);
-int fftconv_filter_grad_sm80_shared_bytes(int fft_size);
+// With `gated`, of the instantiation that takes dy_gate and u_gate; 0 where there is none (the
+// longest sizes: the op multiplies the gates in first there).
+int fftconv_filter_grad_sm80_shared_bytes(int fft_size, bool gated = false);
 
 // The filter's spectrum (fftconv_filter_spectrum on a GPU): out[h, f] = rfft(k[h], fft_size)[f]
 // for f = 0 .. fft_size / 2, k zero-padded, computed in fp32 by one kernel (filter_rfft.cu).

@@ -112,10 +112,12 @@ struct ThreeFactor {
         Tables tab;
         float scratch[WARPS];
     };
+    using GradGates = GradStage[STAGES];  // their gates, where given: allocated after GradShared
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = kt::added_shared_bytes_for<PreStages>();
     static constexpr int postgate_bytes = kt::added_shared_bytes_for<PostStage>();
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
+    static constexpr int grad_gate_bytes = kt::added_shared_bytes_for<GradGates>();
 };
 
 // Entry e of the w_256^(k_p q) table in the fragment order of a 16 x 16 row-layout tile (lane
@@ -734,8 +736,8 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, STAGED_POST
 
 // The filter's gradient (see two_factor_filter_grad): per head, S = sum over the pairs of
 // fft(dy pair) * conj(fft(u pair)) in fp32 registers (each warp its k_r tiles), then one
-// inverse transform whose real part is added into grad.
-template <typename T, int R, int WARPS>
+// inverse transform whose real part is added into grad. GATED: as two_factor_filter_grad's.
+template <typename T, int R, int WARPS, bool GATED = false>
 __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
     three_factor_filter_grad(const __grid_constant__ Args<T> a) {
     using C = ThreeFactor<T, R, WARPS>;
@@ -744,12 +746,15 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
     extern __shared__ char smem[];
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::GradShared>();
+    typename C::GradGates* gates = nullptr;
+    if constexpr (GATED) gates = &carve.allocate<typename C::GradGates>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
     auto issue_loads = [&](int t, int stage) {
         load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
+        if constexpr (GATED) load_grad_task_gates_async<THREADS, N>((*gates)[stage].x, (*gates)[stage].d, a, t, thread);
     };
     issue_loads(tasks.first, 0);
     kt::cp_async_commit();
@@ -771,6 +776,10 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         const int h = t / a.pairs;
         auto& st = s.stage[i % C::STAGES];
         kt::cp_async_wait<0>();
+        if constexpr (GATED) {
+            const auto& g = (*gates)[i % C::STAGES];
+            apply_grad_gates<THREADS, N>(st.x, st.d, g.x, g.d, a, thread);
+        }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
         kt::cp_async_commit();

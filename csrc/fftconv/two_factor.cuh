@@ -64,10 +64,12 @@ struct TwoFactor {
         Matrices m;
         float scratch[WARPS];
     };
+    using GradGates = GradStage[STAGES];  // their gates, where given: allocated after GradShared
     static constexpr int shared_bytes = kt::shared_bytes_for<Shared>();
     static constexpr int pregate_bytes = kt::added_shared_bytes_for<PreStages>();
     static constexpr int postgate_bytes = kt::added_shared_bytes_for<PostStages>();
     static constexpr int grad_shared_bytes = kt::shared_bytes_for<GradShared>();
+    static constexpr int grad_gate_bytes = kt::added_shared_bytes_for<GradGates>();
 };
 
 template <typename C>
@@ -321,8 +323,9 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 // The filter's gradient: per head, S = sum over the pairs of fft(dy pair) * conj(fft(u pair)),
 // accumulated in fp32 registers (each warp its strips), then one inverse transform whose real
 // part is the sum of both batches' correlations (the imaginary parts of the packed sequences
-// cancel: Re(conj(a + ib)(c + id)) = ac + bd), added into grad.
-template <typename T, int R, int Q, int WARPS>
+// cancel: Re(conj(a + ib)(c + id)) = ac + bd), added into grad. GATED: u and dy times their gates
+// (a.u_gate, a.dy_gate, either may be absent), which come with them into stages of their own.
+template <typename T, int R, int Q, int WARPS, bool GATED = false>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     two_factor_filter_grad(const __grid_constant__ Args<T> a) {
     using C = TwoFactor<T, R, Q, WARPS>;
@@ -331,12 +334,15 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     extern __shared__ char smem[];
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::GradShared>();
+    typename C::GradGates* gates = nullptr;
+    if constexpr (GATED) gates = &carve.allocate<typename C::GradGates>();
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
     auto issue_loads = [&](int t, int stage) {
         load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
+        if constexpr (GATED) load_grad_task_gates_async<THREADS, N>((*gates)[stage].x, (*gates)[stage].d, a, t, thread);
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
@@ -358,6 +364,10 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         const int h = t / a.pairs;
         auto& st = s.stage[i % STAGES];
         kt::cp_async_wait<STAGES - 2>();
+        if constexpr (GATED) {
+            const auto& g = (*gates)[i % STAGES];
+            apply_grad_gates<THREADS, N>(st.x, st.d, g.x, g.d, a, thread);
+        }
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + STAGES - 1 < tasks.last) issue_loads(t + STAGES - 1, (i + STAGES - 1) % STAGES);
         kt::cp_async_commit();

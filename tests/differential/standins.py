@@ -93,12 +93,15 @@ class StandIns:
             y = y * postgate.double()
         return y.to(u.dtype)
 
-    def fftconv_filter_grad(self, dy, u, fft_size):
+    def fftconv_filter_grad(self, dy, u, fft_size, dy_gate=None, u_gate=None):
         n = u.shape[-1]
         assert u.dtype in KERNEL_DTYPES and n % 8 == 0 and n <= fft_size // 2
-        assert dy.dtype == u.dtype and dy.shape == u.shape
-        assert _scaffold.conforms(dy) and _scaffold.conforms(u)
+        for t in (dy, dy_gate, u_gate):
+            assert t is None or (t.dtype == u.dtype and t.shape == u.shape and _scaffold.conforms(t))
+        assert _scaffold.conforms(u)
         self.backward_calls.append(("fftconv_filter_grad_sm80", dy, u, fft_size))
+        dy = dy if dy_gate is None else dy * dy_gate  # rounded to 16 bits, as the kernel does
+        u = u if u_gate is None else u * u_gate
         products = (torch.fft.rfft(dy.double(), n=fft_size)
                     * torch.fft.rfft(u.double(), n=fft_size).conj_physical())
         return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()

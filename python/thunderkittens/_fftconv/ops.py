@@ -8,8 +8,11 @@ fft_size)`` (rfft(k, fft_size) as (H, fft_size / 2 + 1, 2) floats), optional gat
 u; y a new contiguous tensor shaped like u. ``conjugate`` multiplies by the conjugate spectrum:
 the anti-causal correlation y[n] = sum_{m >= n} k[m - n] (u * pregate)[m], times postgate.
 
-``tk::fftconv_filter_grad_sm80(dy, u, fft_size) -> grad`` (H, n) float32:
-grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t], on the tensor cores.
+``tk::fftconv_filter_grad_sm80(dy, u, fft_size, dy_gate=None, u_gate=None) -> grad`` (H, n)
+float32: grad[h, t] = sum_b sum_n dy[b, h, n] u[b, h, n - t], on the tensor cores, with dy and u
+times the gates where given (each product rounded to u's dtype, as the forward's pregate: the
+kernel applies them as it loads its inputs where it has a gated instantiation, ATen first
+elsewhere).
 
 ``tk::fftconv(u, k, pregate, postgate, fft_size, correlate=False, family="sm80",
 keep_spectrum=True) -> (y, k_spectrum)`` (defined here) is the causal convolution of u with the
@@ -26,8 +29,9 @@ the kernels (the correlation is the convolution's adjoint, and the other way rou
     grad_u = grad_w * pregate            (the kernel's postgate when grad_pregate is not wanted)
     grad_pregate = grad_w * u
     grad_postgate = grad_y * conv(w, k)  (the forward kernel with grad_y as its postgate)
-    grad_k[h, t] = sum_b sum_n z[b, h, n] w[b, h, n - t]   (the filter-gradient kernel; torch.fft
-                   (correlation: w and z swapped)          where the GPU lacks its shared memory)
+    grad_k[h, t] = sum_b sum_n z[b, h, n] w[b, h, n - t]   (the filter-gradient kernel, which
+                   (correlation: w and z swapped)          forms z and w from their gates; torch.fft
+                                                           where the GPU lacks its shared memory)
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ for _family in FAMILIES:
 
 
 @torch.library.register_fake("tk::fftconv_filter_grad_sm80")
-def _filter_grad_fake(dy, u, fft_size):
+def _filter_grad_fake(dy, u, fft_size, dy_gate=None, u_gate=None):
     torch._check(u.dim() == 3 and u.dtype in _scaffold.KERNEL_DTYPES,
                  lambda: "tk::fftconv_filter_grad_sm80: u must be a 3-D bfloat16 or float16 tensor")
     return u.new_empty((u.shape[1], u.shape[2]), dtype=torch.float32)
@@ -139,14 +143,14 @@ def _backward(ctx, grad, _grad_spectrum):
                 grad_u = grad_w * pregate
         elif needs_u:
             grad_u = forward(grad, spectrum, postgate, pregate, fft_size, not correlate)
-    if needs_k:
-        z = grad if postgate is None else grad * postgate
-        w = u if pregate is None else u * pregate
-        dy, x = (w, z) if correlate else (z, w)
+    if needs_k:  # of z = grad * postgate and w = u * pregate
+        z, w = (grad, postgate), (u, pregate)
+        (dy, dy_gate), (x, x_gate) = (w, z) if correlate else (z, w)
         if plan.filter_grad_fits(u, fft_size):
-            grad_k = FILTER_GRAD(dy, x, fft_size)[:, : ctx.filter_length]
+            grad_k = FILTER_GRAD(dy, x, fft_size, dy_gate, x_gate)[:, : ctx.filter_length]
         else:
-            grad_k = reference.filter_gradient(dy, x, ctx.filter_length)
+            gated = (t if gate is None else t * gate for t, gate in ((dy, dy_gate), (x, x_gate)))
+            grad_k = reference.filter_gradient(*gated, ctx.filter_length)
         grad_k = grad_k.to(ctx.filter_dtype)
     return grad_u, grad_k, grad_pre, grad_post, None, None, None, None
 
