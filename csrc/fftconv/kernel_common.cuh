@@ -162,30 +162,45 @@ __device__ __forceinline__ void load_grad_task_inputs_async(ST (&x)[2], ST (&d)[
     }
 }
 
-// cp.async of the filter gradient's task t's gates, each where given: the pair of u_gate into xg
-// and of dy_gate into dg (apply_grad_gates multiplies the stage's inputs by them).
-template <int THREADS, int ELEMS, typename ST, typename T>
-__device__ __forceinline__ void load_grad_task_gates_async(ST (&xg)[2], ST (&dg)[2], const Args<T>& a, int t,
-                                                           int thread) {
-    const int h = t / a.pairs, pair = t - h * a.pairs;
-    if (a.u_gate != nullptr)
-        load_pair_async<THREADS, ELEMS>(xg, a.pair_of(a.u_gate, a.u_gate_stride_b, a.u_gate_stride_h, pair, h), a, thread);
-    if (a.dy_gate != nullptr)
-        load_pair_async<THREADS, ELEMS>(dg, a.pair_of(a.dy_gate, a.dy_gate_stride_b, a.dy_gate_stride_h, pair, h), a,
-                                        thread);
-}
+// A filter-gradient kernel's input stages (C::GradStage: the pair of u in x, of dy in d) and,
+// with GATED, their gates (a.u_gate, a.dy_gate, either may be absent) in stages of their own,
+// allocated after C::GradShared: a task's loads issued together, one cp.async group.
+template <typename C, bool GATED>
+struct grad_inputs {
+    static constexpr int THREADS = C::THREADS, N = C::N;
+    using Stage = typename C::GradStage;
+    Stage* stages;
+    Stage* gates;  // GATED only
 
-// x *= xg and d *= dg (each where its gate is given), on this thread's chunks of a stage whose
-// inputs and gates it loaded (load_grad_task_inputs_async, load_grad_task_gates_async): its own
-// cp.async wait is enough. The products round as the forward's pregate does (apply_gate).
-template <int THREADS, int ELEMS, typename ST, typename T>
-__device__ __forceinline__ void apply_grad_gates(ST (&x)[2], ST (&d)[2], const ST (&xg)[2], const ST (&dg)[2],
-                                                 const Args<T>& a, int thread) {
-    for (int j = 0; j < 2; j++) {
-        if (a.u_gate != nullptr) apply_gate<THREADS, ELEMS>(x[j], xg[j], thread);
-        if (a.dy_gate != nullptr) apply_gate<THREADS, ELEMS>(d[j], dg[j], thread);
+    __device__ __forceinline__ grad_inputs(Stage* stages_, shared_carver& carve) : stages(stages_), gates(nullptr) {
+        if constexpr (GATED) gates = carve.allocate<typename C::GradGates>();
     }
-}
+    // cp.async of task t's inputs (and gates) into `stage`.
+    template <typename T>
+    __device__ __forceinline__ void issue(const Args<T>& a, int t, int stage, int thread) const {
+        load_grad_task_inputs_async<THREADS, N>(stages[stage].x, stages[stage].d, a, t, thread);
+        if constexpr (GATED) {
+            const int h = t / a.pairs, pair = t - h * a.pairs;
+            if (a.u_gate != nullptr)
+                load_pair_async<THREADS, N>(gates[stage].x, a.pair_of(a.u_gate, a.u_gate_stride_b, a.u_gate_stride_h, pair, h),
+                                            a, thread);
+            if (a.dy_gate != nullptr)
+                load_pair_async<THREADS, N>(gates[stage].d,
+                                            a.pair_of(a.dy_gate, a.dy_gate_stride_b, a.dy_gate_stride_h, pair, h), a, thread);
+        }
+    }
+    // Once this thread's loads of `stage` landed: its chunks times their gates, in the 16-bit type
+    // (as the forward's pregate, apply_gate); the thread's own wait is enough.
+    template <typename T>
+    __device__ __forceinline__ void apply_gates(const Args<T>& a, int stage, int thread) const {
+        if constexpr (GATED) {
+            for (int j = 0; j < 2; j++) {
+                if (a.u_gate != nullptr) apply_gate<THREADS, N>(stages[stage].x[j], gates[stage].x[j], thread);
+                if (a.dy_gate != nullptr) apply_gate<THREADS, N>(stages[stage].d[j], gates[stage].d[j], thread);
+            }
+        }
+    }
+};
 
 // ---- gates ------------------------------------------------------------------------------------
 

@@ -746,16 +746,12 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
     extern __shared__ char smem[];
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::GradShared>();
-    typename C::GradGates* gates = nullptr;
-    if constexpr (GATED) gates = &carve.allocate<typename C::GradGates>();
+    const grad_inputs<C, GATED> inputs(s.stage, carve);
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    auto issue_loads = [&](int t, int stage) {
-        load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
-        if constexpr (GATED) load_grad_task_gates_async<THREADS, N>((*gates)[stage].x, (*gates)[stage].d, a, t, thread);
-    };
+    auto issue_loads = [&](int t, int stage) { inputs.issue(a, t, stage, thread); };
     issue_loads(tasks.first, 0);
     kt::cp_async_commit();
     for (int i = 0; i < C::STAGES; i++)
@@ -776,10 +772,7 @@ __global__ void __launch_bounds__(ThreeFactor<T, R, WARPS>::THREADS, 1)
         const int h = t / a.pairs;
         auto& st = s.stage[i % C::STAGES];
         kt::cp_async_wait<0>();
-        if constexpr (GATED) {
-            const auto& g = (*gates)[i % C::STAGES];
-            apply_grad_gates<THREADS, N>(st.x, st.d, g.x, g.d, a, thread);
-        }
+        inputs.apply_gates(a, i % C::STAGES, thread);
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + 1 < tasks.last) issue_loads(t + 1, (i + 1) % C::STAGES);
         kt::cp_async_commit();

@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
 // accumulated in fp32 registers (each warp its strips), then one inverse transform whose real
 // part is the sum of both batches' correlations (the imaginary parts of the packed sequences
 // cancel: Re(conj(a + ib)(c + id)) = ac + bd), added into grad. GATED: u and dy times their gates
-// (a.u_gate, a.dy_gate, either may be absent), which come with them into stages of their own.
+// (grad_inputs).
 template <typename T, int R, int Q, int WARPS, bool GATED = false>
 __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     two_factor_filter_grad(const __grid_constant__ Args<T> a) {
@@ -334,16 +334,12 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
     extern __shared__ char smem[];
     shared_carver carve(smem);
     auto& s = carve.allocate<typename C::GradShared>();
-    typename C::GradGates* gates = nullptr;
-    if constexpr (GATED) gates = &carve.allocate<typename C::GradGates>();
+    const grad_inputs<C, GATED> inputs(s.stage, carve);
     const int warp = kt::warp_id(), thread = threadIdx.x;
     const Tasks tasks = tasks_of(a);
     if (tasks.first >= tasks.last) return;
 
-    auto issue_loads = [&](int t, int stage) {
-        load_grad_task_inputs_async<THREADS, N>(s.stage[stage].x, s.stage[stage].d, a, t, thread);
-        if constexpr (GATED) load_grad_task_gates_async<THREADS, N>((*gates)[stage].x, (*gates)[stage].d, a, t, thread);
-    };
+    auto issue_loads = [&](int t, int stage) { inputs.issue(a, t, stage, thread); };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
         if (tasks.first + i < tasks.last) issue_loads(tasks.first + i, i);
@@ -364,10 +360,7 @@ __global__ void __launch_bounds__(WARPS * kt::WARP_THREADS)
         const int h = t / a.pairs;
         auto& st = s.stage[i % STAGES];
         kt::cp_async_wait<STAGES - 2>();
-        if constexpr (GATED) {
-            const auto& g = (*gates)[i % STAGES];
-            apply_grad_gates<THREADS, N>(st.x, st.d, g.x, g.d, a, thread);
-        }
+        inputs.apply_gates(a, i % STAGES, thread);
         __syncthreads();  // task t's input visible; every warp is done with task t - 1
         if (t + STAGES - 1 < tasks.last) issue_loads(t + STAGES - 1, (i + STAGES - 1) % STAGES);
         kt::cp_async_commit();
