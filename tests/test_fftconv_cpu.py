@@ -399,21 +399,24 @@ def test_kernel_path_backward_with_a_broadcast_gradient(cpu_fftconv):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
-def test_filter_gradient_falls_back_where_its_kernel_does_not_fit(cpu_fftconv, monkeypatch):
+@pytest.mark.parametrize("gates", [False, True])
+def test_filter_gradient_falls_back_where_its_kernel_does_not_fit(cpu_fftconv, monkeypatch, gates):
     """A GPU whose blocks lack the filter-gradient kernel's shared memory gets the filter's
-    gradient from torch.fft; the rest of the backward stays on the kernel."""
+    gradient from torch.fft (of the gated operands, with gates); the rest of the backward stays
+    on the kernel."""
     sizes = {size: (plain, gated, 1 << 30, *sm90) for size, (plain, gated, _, *sm90) in plan.FFTCONV_SHARED_BYTES.items()}
     monkeypatch.setattr(plan, "FFTCONV_SHARED_BYTES", sizes)
-    u, k, _, _ = make(n=24, nk=24, dtype=torch.float16, requires_grad=True)
+    u, k, pre, post = make(n=24, nk=24, dtype=torch.float16, gates=gates, requires_grad=True)
     k = k.detach().float().requires_grad_()
-    y = tk.fftconv(u, k)
+    y = tk.fftconv(u, k, pre, post)
     grad = torch.randn_like(y)
-    ours = torch.autograd.grad(y, (u, k), grad)
-    leaves = [u.detach().double().requires_grad_(), k.detach().double().requires_grad_()]
-    expected = torch.autograd.grad(by_definition(*leaves), leaves, grad.double())
+    inputs = [t for t in (u, k, pre, post) if t is not None]
+    ours = torch.autograd.grad(y, inputs, grad)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    expected = torch.autograd.grad(by_definition(*(leaves + [None] * (4 - len(leaves)))), leaves, grad.double())
     for got, want in zip(ours, expected):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
-    assert cpu_fftconv.filter_grad.calls == [] and len(cpu_fftconv.calls) == 2
+    assert cpu_fftconv.filter_grad.calls == [] and len(cpu_fftconv.calls) == (3 if gates else 2)
 
 
 def block_calls(n, nk):
