@@ -100,11 +100,7 @@ class StandIns:
             assert t is None or (t.dtype == u.dtype and t.shape == u.shape and _scaffold.conforms(t))
         assert _scaffold.conforms(u)
         self.backward_calls.append(("fftconv_filter_grad_sm80", dy, u, fft_size))
-        dy = dy if dy_gate is None else dy * dy_gate  # rounded to 16 bits, as the kernel does
-        u = u if u_gate is None else u * u_gate
-        products = (torch.fft.rfft(dy.double(), n=fft_size)
-                    * torch.fft.rfft(u.double(), n=fft_size).conj_physical())
-        return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()
+        return fftconv_filter_grad_contract(dy, u, fft_size, dy_gate, u_gate)
 
     def ops(self, family: str) -> dict:
         if family == "based":
@@ -118,6 +114,18 @@ class StandIns:
             return {"fftconv_fwd_sm80": self.fftconv_forward,
                     "fftconv_filter_grad_sm80": self.fftconv_filter_grad}
         raise ValueError(family)
+
+
+def fftconv_filter_grad_contract(dy, u, fft_size, dy_gate=None, u_gate=None):
+    """tk::fftconv_filter_grad_sm80's result (csrc/registration.cpp), computed in float64 and
+    returned in float32: the correlation of dy * dy_gate and u * u_gate summed over the batch, each
+    product rounded to 16 bits as the kernel does."""
+    n = u.shape[-1]
+    dy = dy if dy_gate is None else dy * dy_gate
+    u = u if u_gate is None else u * u_gate
+    products = (torch.fft.rfft(dy.double(), n=fft_size)
+                * torch.fft.rfft(u.double(), n=fft_size).conj_physical())
+    return torch.fft.irfft(products.sum(0), n=fft_size)[..., :n].float()
 
 
 def based_backward_contract(grad_out, q, k, v, scale, initial_state, grad_final_state,
