@@ -87,7 +87,7 @@ def main() -> int:
                 failures += 1
                 print(f"MISMATCH {op} (shared-per-block cap {cap}) length={length} {dtype} gated={gated} "
                       f"batch={batch} conjugate={conjugate}: relative L2 {err:.3e}")
-        # Gated: the filter gradient of post * dy and pre * u (the gated instantiation where a
+        # The filter gradient; gated, of post * dy and pre * u (the gated instantiation where a
         # length has one), each product rounded to 16 bits.
         dy = torch.randn(batch, heads, n).to(dtype)
         grad = torch.ops.tk.fftconv_filter_grad_sm80(dy.cuda(), u.cuda(), fft_size, post.cuda() if gated else None,
